@@ -1,0 +1,1 @@
+"""Adapters shipped with the harness: the reference model and torch.nn.Transformer."""

@@ -1,0 +1,86 @@
+"""The plug-in protocol: what a model must offer so that the invariants and the ablation runner can drive it.
+
+An adapter is a torch.nn.Module (so .eval(), .train(), .double(), .parameters() work) with the methods
+below. Shapes: src (B, S) and tgt (B, T) are token ids; src_pad (B, S) and tgt_pad (B, T) are bool,
+True at padding. A capability the model lacks is named in `unsupported` with the reason, and the
+method for it raises NotImplementedError; checks that need it then report "not applicable".
+"""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Mapping, Protocol, runtime_checkable
+
+from torch import Tensor
+from torch.nn import Parameter
+
+from model.attention import AttentionRecord, KVCache
+from model.config import TransformerConfig
+
+# Capabilities a model may lack, each with the checks that need it.
+CAPABILITIES = {
+    "kv_cache": "incremental decoding with new_cache() (cached decoding checks, fast beam search)",
+    "attention_probs": "capturing attention probabilities (softmax and masking checks)",
+    "positional_table": "reading the positional encoding table (PE checks)",
+    "positional_switch": "switching the positional encoding off (permutation equivariance)",
+}
+
+
+@runtime_checkable
+class Seq2SeqModel(Protocol):
+    """An encoder-decoder under test. See README.md, "Plugging in your model", for a worked example."""
+
+    config: TransformerConfig
+    unsupported: Mapping[str, str]  # capability name (a key of CAPABILITIES) -> why the model lacks it
+
+    def forward(self, src: Tensor, tgt: Tensor, src_pad: Tensor, tgt_pad: Tensor) -> Tensor:
+        """Logits (B, T, vocab) for teacher-forced target tgt."""
+
+    def encode(self, src: Tensor, src_pad: Tensor) -> Tensor:
+        """Encoder output, the memory (B, S, d_model)."""
+
+    def decode(
+        self, tgt: Tensor, memory: Tensor, src_pad: Tensor, tgt_pad: Tensor, cache: KVCache | None = None
+    ) -> Tensor:
+        """Logits (B, T, vocab). tgt is ids (B, T) or already embedded tokens (B, T, d_model) (see embed);
+        with a cache, tgt holds only the new positions and the cache holds the earlier ones."""
+
+    def embed(self, ids: Tensor) -> Tensor:
+        """Token embeddings as the model feeds them to its layers before positions are added (B, T, d_model)."""
+
+    def loss(self, logits: Tensor, target: Tensor) -> Tensor:
+        """The training loss (label-smoothed cross-entropy with eps_ls), averaged over non-pad target tokens."""
+
+    def new_cache(self) -> KVCache:
+        """An empty key/value cache for incremental decoding."""
+
+    def attention_probs(self) -> AbstractContextManager[list[AttentionRecord]]:
+        """While open, every attention module appends its probabilities to the yielded list."""
+
+    def positional_table(self, positions: int) -> Tensor:
+        """The positional encoding added at positions 0 .. positions-1, (positions, d_model)."""
+
+    def positional_encoding(self, enabled: bool) -> AbstractContextManager[None]:
+        """While open, positional encoding is switched on or off."""
+
+    def embedding_weights(self) -> Mapping[str, Tensor]:
+        """The matrices of the source embedding, target embedding and pre-softmax linear ('source', 'target', 'generator')."""
+
+    def parameter_groups(self) -> Mapping[str, list[Parameter]]:
+        """Trainable parameters by part: 'embeddings', 'encoder', 'decoder' (and any others the model has)."""
+
+    def parameters(self, recurse: bool = True):  # from nn.Module
+        ...
+
+    def train(self, mode: bool = True):  # from nn.Module
+        ...
+
+
+def missing_members(obj: object) -> list[str]:
+    """The protocol members that obj lacks (empty when it satisfies the protocol)."""
+    return [name for name in MEMBERS if not hasattr(obj, name)]
+
+
+MEMBERS = (
+    "config", "unsupported", "forward", "encode", "decode", "embed", "loss", "new_cache", "attention_probs",
+    "positional_table", "positional_encoding", "embedding_weights", "parameter_groups", "parameters", "train",
+)

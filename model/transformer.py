@@ -1,0 +1,150 @@
+"""The reference encoder-decoder (section 3), assembled from replaceable parts as in the Annotated Transformer.
+
+`Parts` holds the seams where a check's mutant swaps one piece (the attention function, the causal
+mask, the positional table, the norm, ...). The reference model uses the defaults, which follow the paper.
+"""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from model.attention import Attend, AttentionRecord, KVCache, MultiHeadAttention, attend
+from model.config import TransformerConfig
+from model.layers import (
+    DecoderLayer,
+    DropoutFactory,
+    EncoderLayer,
+    NormFactory,
+    PositionalEncoding,
+    PositionTable,
+    embedding_scale,
+    sinusoidal_table,
+)
+from model.objective import label_smoothed_loss
+
+
+def causal_mask(queries: int, keys: int, offset: int, device: torch.device | None = None) -> Tensor:
+    """(queries, keys) bool: the query at absolute position offset + i may see keys at positions <= offset + i."""
+    q = torch.arange(queries, device=device).unsqueeze(1) + offset
+    return torch.arange(keys, device=device).unsqueeze(0) <= q
+
+
+def key_padding_allowed(pad: Tensor) -> Tensor:
+    """(B, 1, 1, T_k) bool: every query may see every non-pad key."""
+    return ~pad[:, None, None, :]
+
+
+@dataclass(frozen=True)
+class Parts:
+    """Replaceable pieces of the model; the defaults are the paper's."""
+
+    attend: Attend = attend
+    causal_mask: Callable[..., Tensor] = causal_mask
+    key_mask: Callable[[Tensor], Tensor] = key_padding_allowed
+    position_table: PositionTable = sinusoidal_table
+    norm: NormFactory = nn.LayerNorm
+    dropout: DropoutFactory = nn.Dropout
+    tie_embeddings: bool = True  # honoured where config.share_embeddings
+    loss: Callable[[Tensor, Tensor, int, float], Tensor] = label_smoothed_loss
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder with one embedding matrix shared by source, target and the pre-softmax linear."""
+
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__()
+        self.config, self.parts = cfg, parts
+        self.unsupported = {"positional_table": "pe='none'"} if cfg.pe == "none" else {}
+        tie = cfg.share_embeddings and parts.tie_embeddings
+        self.src_embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.tgt_embed = self.src_embed if tie else nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.generator = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.pe = PositionalEncoding(cfg, parts.position_table)
+        self.dropout = parts.dropout(cfg.P_drop)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg, i, parts.attend, parts.norm, parts.dropout) for i in range(cfg.N))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg, i, parts.attend, parts.norm, parts.dropout) for i in range(cfg.N))
+        self._init_weights()
+        if tie:
+            self.generator.weight = self.src_embed.weight
+
+    def _init_weights(self) -> None:
+        """Xavier-uniform matrices, zero biases; embeddings N(0, d_model^-1) so that sqrt(d_model)-scaled ones have unit size."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding) and module is not getattr(self.pe, "learned", None):
+                nn.init.normal_(module.weight, std=self.config.d_model**-0.5)
+
+    # -- the forward computation ---------------------------------------------------------------
+    def embed(self, ids: Tensor) -> Tensor:
+        return self.tgt_embed(ids) * embedding_scale(self.config.d_model)
+
+    def encode(self, src: Tensor, src_pad: Tensor) -> Tensor:
+        x = self.dropout(self.pe(self.src_embed(src) * embedding_scale(self.config.d_model)))
+        allowed = self.parts.key_mask(src_pad)
+        for layer in self.encoder:
+            x = layer(x, allowed)
+        return x
+
+    def decode(
+        self, tgt: Tensor, memory: Tensor, src_pad: Tensor, tgt_pad: Tensor, cache: KVCache | None = None
+    ) -> Tensor:
+        """With a cache, tgt holds only new positions; earlier target keys are taken as non-pad (right padding)."""
+        offset = cache.length if cache is not None else 0
+        x = tgt if tgt.is_floating_point() else self.embed(tgt)
+        x = self.dropout(self.pe(x, offset))
+        T = x.size(1)
+        self_allowed = self.parts.causal_mask(T, offset + T, offset, x.device)
+        if cache is None:
+            self_allowed = self_allowed & self.parts.key_mask(tgt_pad)
+        cross_allowed = self.parts.key_mask(src_pad)
+        for layer in self.decoder:
+            x = layer(x, memory, self_allowed, cross_allowed, cache)
+        if cache is not None:
+            cache.length += T
+        return self.generator(x)
+
+    def forward(self, src: Tensor, tgt: Tensor, src_pad: Tensor, tgt_pad: Tensor) -> Tensor:
+        return self.decode(tgt, self.encode(src, src_pad), src_pad, tgt_pad)
+
+    def loss(self, logits: Tensor, target: Tensor) -> Tensor:
+        return self.parts.loss(logits, target, self.config.pad_id, self.config.eps_ls)
+
+    def new_cache(self) -> KVCache:
+        return KVCache()
+
+    # -- what the checks inspect ---------------------------------------------------------------
+    @contextmanager
+    def attention_probs(self) -> Iterator[list[AttentionRecord]]:
+        records: list[AttentionRecord] = []
+        modules = [m for m in self.modules() if isinstance(m, MultiHeadAttention)]
+        for m in modules:
+            m.records = records
+        try:
+            yield records
+        finally:
+            for m in modules:
+                m.records = None
+
+    def positional_table(self, positions: int) -> Tensor:
+        return self.pe.table(positions)
+
+    def positional_encoding(self, enabled: bool) -> AbstractContextManager[None]:
+        return self.pe.switched(enabled)
+
+    def embedding_weights(self) -> dict[str, Tensor]:
+        return {"source": self.src_embed.weight, "target": self.tgt_embed.weight, "generator": self.generator.weight}
+
+    def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
+        embeddings = [self.src_embed.weight, self.tgt_embed.weight, self.generator.weight, *self.pe.parameters()]
+        return {
+            "embeddings": list({id(p): p for p in embeddings}.values()),
+            "encoder": list(self.encoder.parameters()),
+            "decoder": list(self.decoder.parameters()),
+        }

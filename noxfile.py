@@ -1,0 +1,44 @@
+"""Entry points: `nox -s invariants` (the main job), `nox -s tests`, `nox -s ablations`, `nox -s report`, `nox -s bench`."""
+import nox
+
+nox.options.sessions = ["invariants", "tests"]
+nox.options.reuse_existing_virtualenvs = True  # torch makes a venv expensive
+
+
+def _install(session: nox.Session) -> None:
+    session.install("-e", ".[test]")
+
+
+@nox.session
+def invariants(session: nox.Session) -> None:
+    """Check the paper's invariants on a model: nox -s invariants -- --model SPEC (default: reference)."""
+    _install(session)
+    session.run("python", "-m", "invariants", *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the harness's own test suite (posargs go to pytest: nox -s tests -- -k attention -x)."""
+    _install(session)
+    session.run("pytest", *(session.posargs or ["tests"]))
+
+
+@nox.session(default=False)
+def ablations(session: nox.Session) -> None:
+    """Train and score Table 3 rows: nox -s ablations -- --budget smoke --rows all."""
+    _install(session)
+    session.run("python", "-m", "ablations", *session.posargs)
+
+
+@nox.session(default=False)
+def report(session: nox.Session) -> None:
+    """Rebuild every report under reports/ from the results on disk, without training."""
+    _install(session)
+    session.run("python", "-m", "reports", *session.posargs)
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """Benchmark training tokens/s and decoding speed; writes reports/bench.md."""
+    _install(session)
+    session.run("python", "-m", "ablations.bench", *session.posargs)

@@ -1,0 +1,121 @@
+"""The reference model: config validation, attention paths, incremental decoding."""
+import pytest
+import torch
+
+from model import TransformerConfig, Transformer
+from model.attention import attend, explicit_attention
+from model.transformer import causal_mask, key_padding_allowed
+
+TINY = TransformerConfig(N=2, d_model=32, d_ff=64, h=4, d_k=8, d_v=12, vocab_size=50, max_len=64)
+
+
+def batch(seed: int = 0):
+    """Three source/target pairs with ragged source and target padding."""
+    g = torch.Generator().manual_seed(seed)
+    src, tgt = torch.randint(1, 50, (3, 7), generator=g), torch.randint(1, 50, (3, 5), generator=g)
+    src_pad, tgt_pad = torch.zeros(3, 7, dtype=torch.bool), torch.zeros(3, 5, dtype=torch.bool)
+    src_pad[0, 5:], src_pad[1, 3:], tgt_pad[1, 3:] = True, True, True
+    return src, tgt, src_pad, tgt_pad
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [("N", 0, "N=0"), ("d_k", -1, "d_k=-1"), ("P_drop", 1.0, "P_drop"), ("eps_ls", -0.1, "eps_ls"), ("pe", "rotary", "pe='rotary'")],
+)
+def test_invalid_config_is_a_one_line_error_naming_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message) as info:
+        TransformerConfig().replace(**{field: value})
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_config_field_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="unknown config field.*valid fields: N, d_model"):
+        TransformerConfig().replace(heads=4)
+
+
+def test_projections_follow_d_k_and_d_v_not_d_model():
+    attn = Transformer(TINY).encoder[0].self_attn
+    assert attn.w_q.weight.shape == (4 * 8, 32)
+    assert attn.w_v.weight.shape == (4 * 12, 32)
+    assert attn.w_o.weight.shape == (32, 4 * 12)
+
+
+def test_fast_and_explicit_attention_paths_agree_with_padding_and_causal_masks():
+    # fp32, atol 1e-5: the outputs are O(1) averages of O(1) values, where float32 noise is ~1e-7.
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 6, 8, generator=g) for _ in range(3))
+    pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
+    allowed = causal_mask(6, 6, 0) & key_padding_allowed(pad)
+    fast, _ = attend(q, k, v, allowed, need_weights=False)
+    explicit, probs = explicit_attention(q, k, v, allowed)
+    torch.testing.assert_close(fast, explicit, atol=1e-5, rtol=1e-5)
+    assert probs[~allowed.expand_as(probs)].eq(0).all()
+
+
+def test_model_gives_the_same_logits_whether_or_not_attention_probabilities_are_captured():
+    model = Transformer(TINY).eval()
+    src, tgt, src_pad, tgt_pad = batch()
+    fast = model(src, tgt, src_pad, tgt_pad)
+    with model.attention_probs() as records:
+        explicit = model(src, tgt, src_pad, tgt_pad)
+    # logits are O(1) here; 1e-5 is ~100x float32 noise after 2 layers.
+    torch.testing.assert_close(fast, explicit, atol=1e-5, rtol=1e-5)
+    assert sorted({r.kind for r in records}) == ["cross", "decoder_self", "encoder_self"]
+    assert len(records) == 3 * TINY.N
+
+
+def test_fully_padded_source_gives_zero_attention_and_finite_gradients():
+    model = Transformer(TINY).train()
+    src, tgt, src_pad, tgt_pad = batch()
+    src_pad[2] = True
+    with model.attention_probs() as records:
+        logits = model(src, tgt, src_pad, tgt_pad)
+    model.loss(logits, tgt).backward()
+    cross = [r.probs for r in records if r.kind == "cross"]
+    assert all(p[2].eq(0).all() for p in cross)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_incremental_decoding_step_by_step_equals_one_full_forward_pass():
+    model = Transformer(TINY).double().eval()
+    src, tgt, src_pad, _ = batch()
+    memory = model.encode(src, src_pad)
+    no_pad = torch.zeros_like(tgt, dtype=torch.bool)
+    full = model.decode(tgt, memory, src_pad, no_pad)
+    cache = model.new_cache()
+    steps = [model.decode(tgt[:, t : t + 1], memory, src_pad, no_pad[:, t : t + 1], cache) for t in range(tgt.size(1))]
+    # float64: the two orders of summation agree to ~1e-15; 1e-10 leaves room for accumulation.
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-10, rtol=1e-10)
+
+
+def test_cache_reorder_follows_the_beam():
+    model = Transformer(TINY).double().eval()
+    src, tgt, src_pad, _ = batch()
+    memory = model.encode(src, src_pad)
+    no_pad = torch.zeros_like(tgt, dtype=torch.bool)
+    cache = model.new_cache()
+    model.decode(tgt[:, :2], memory, src_pad, no_pad[:, :2], cache)
+    order = torch.tensor([2, 2, 0])
+    cache.reorder(order)
+    step = model.decode(tgt[order, 2:3], memory[order], src_pad[order], no_pad[:, 2:3], cache)
+    full = model.decode(tgt[order, :3], memory[order], src_pad[order], no_pad[:, :3])
+    torch.testing.assert_close(step[:, 0], full[:, 2], atol=1e-10, rtol=1e-10)
+
+
+def test_one_embedding_matrix_serves_source_target_and_softmax():
+    model = Transformer(TINY)
+    weights = model.embedding_weights()
+    assert weights["source"] is weights["target"] is weights["generator"]
+
+
+def test_untied_config_gives_three_matrices():
+    model = Transformer(TINY.replace(share_embeddings=False))
+    w = model.embedding_weights()
+    assert len({id(w["source"]), id(w["target"]), id(w["generator"])}) == 3
+
+
+def test_sequence_longer_than_max_len_is_a_clear_error():
+    model = Transformer(TINY.replace(max_len=4))
+    src, tgt, src_pad, tgt_pad = batch()
+    with pytest.raises(ValueError, match="exceeds max_len=4"):
+        model(src, tgt, src_pad, tgt_pad)

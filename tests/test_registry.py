@@ -1,0 +1,97 @@
+"""Model specs: registered names, presets, overrides, user adapters, and one-line errors."""
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import SpecError, load_model
+from model.adapters.torch_nn import TorchTransformer
+from model.protocol import Seq2SeqModel
+
+SMALL = "N=1,d_model=16,d_ff=32,h=2,d_k=8,d_v=8,vocab_size=40"
+
+
+def test_registered_preset_and_overrides_resolve():
+    with torch.device("meta"):
+        model = load_model("reference:big,N=2,P_drop=0.2")
+    assert (model.config.d_model, model.config.N, model.config.P_drop) == (1024, 2, 0.2)
+
+
+def test_torch_adapter_satisfies_the_protocol():
+    model = load_model(f"torch-nn:base,{SMALL}")
+    assert isinstance(model, TorchTransformer) and isinstance(model, Seq2SeqModel)
+    assert "kv_cache" in model.unsupported
+
+
+def test_user_adapter_from_a_file(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text(textwrap.dedent("""
+        from model import Transformer
+        def make(config):
+            return Transformer(config.replace(N=1))
+    """))
+    model = load_model(f"{path}:make,d_model=16,d_ff=32,h=2,d_k=8,d_v=8,vocab_size=40")
+    assert model.config.N == 1 and model.config.d_model == 16
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("nope", "unknown model 'nope'; registered: reference"),
+        ("missing_file.py:make", "no file missing_file.py"),
+        ("model.config:no_such_factory", "has no factory 'no_such_factory'"),
+        ("reference:huge", "unknown preset 'huge'"),
+        ("reference:base,heads=4", "unknown config field 'heads'"),
+        ("reference:base,N", "'N' is not key=value"),
+        ("reference:base,N=two", "N='two' is not a valid int"),
+        ("reference:base,d_model=0", "d_model=0 must be a positive integer"),
+        ("torch-nn:base,d_k=16", "needs h\\*d_k == h\\*d_v == d_model"),
+    ],
+)
+def test_bad_spec_is_one_clear_line(spec, message):
+    with pytest.raises(SpecError, match=message) as info:
+        load_model(spec)
+    assert "\n" not in str(info.value)
+
+
+def test_factory_that_raises_or_returns_a_non_model_is_named(tmp_path):
+    path = tmp_path / "bad.py"
+    path.write_text("def boom(config):\n    raise RuntimeError('no GPU')\ndef plain(config):\n    return object()\n")
+    with pytest.raises(SpecError, match="factory boom raised RuntimeError: no GPU"):
+        load_model(f"{path}:boom")
+    with pytest.raises(SpecError, match="lacks protocol members config, unsupported, forward"):
+        load_model(f"{path}:plain")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "model", *args], capture_output=True, text=True)
+
+
+def test_info_json_reports_config_and_integer_params():
+    result = run_cli("info", "reference:base,N=2", "--json")
+    info = json.loads(result.stdout)
+    assert info["config"]["N"] == 2
+    assert isinstance(info["params"], int)
+    assert info["params"] == sum(info["params_by_part"].values())
+    assert set(info["params_by_part"]) == {"embeddings", "encoder", "decoder"}
+
+
+def test_info_bad_spec_exits_2_with_one_line():
+    result = run_cli("info", "nope")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: unknown model")
+
+
+def test_readme_worked_example_loads_and_runs(tmp_path):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    example = next(block for block in readme.split("```python")[1:] if "def make(" in block).split("```")[0]
+    (tmp_path / "mine.py").write_text(example)
+    model = load_model(f"{tmp_path / 'mine.py'}:make,{SMALL}").eval()
+    src, tgt = torch.randint(1, 40, (2, 5)), torch.randint(1, 40, (2, 4))
+    pad_s, pad_t = torch.zeros(2, 5, dtype=torch.bool), torch.zeros(2, 4, dtype=torch.bool)
+    assert model(src, tgt, pad_s, pad_t).shape == (2, 4, 40)
+    assert set(model.unsupported) == {"kv_cache", "attention_probs"}
