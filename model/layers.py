@@ -8,7 +8,7 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from model.attention import KVCache, MultiHeadAttention
+from model.attention import Attend, KVCache, MultiHeadAttention
 from model.config import TransformerConfig
 
 PositionTable = Callable[[int, int], Tensor]  # (positions, d_model) -> (positions, d_model)
@@ -89,7 +89,7 @@ class Residual(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg: TransformerConfig, layer: int, attend, norm: NormFactory, dropout: DropoutFactory) -> None:
+    def __init__(self, cfg: TransformerConfig, layer: int, attend: Attend, norm: NormFactory, dropout: DropoutFactory) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg, "encoder_self", layer, attend)
         self.ffn = FeedForward(cfg)
@@ -101,7 +101,7 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: TransformerConfig, layer: int, attend, norm: NormFactory, dropout: DropoutFactory) -> None:
+    def __init__(self, cfg: TransformerConfig, layer: int, attend: Attend, norm: NormFactory, dropout: DropoutFactory) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg, "decoder_self", layer, attend)
         self.cross_attn = MultiHeadAttention(cfg, "cross", layer, attend)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from model.config import TransformerConfig, parse_overrides, preset
-from model.protocol import missing_members
+from model.protocol import Seq2SeqModel, missing_members
 
 ENV_VAR = "AIAYN_MODEL"
 DEFAULT_SPEC = "reference"
@@ -83,7 +83,7 @@ def _import(target: str, attr: str, spec: Spec) -> Callable:
     return getattr(module, attr)
 
 
-def load_model(text: str | None = None) -> "Seq2SeqModel":  # noqa: F821
+def load_model(text: str | None = None) -> Seq2SeqModel:
     """Build the model a spec names; any problem is a SpecError with a one-line message."""
     spec = parse_spec(text or default_spec())
     try:
