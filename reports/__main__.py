@@ -1,0 +1,137 @@
+"""`python -m reports` (= `nox -s report`): rebuild every report under reports/ from the results on disk, in seconds.
+
+Builds Table 3 (Markdown, HTML, LaTeX, CSV) and the figures for every budget folder of ablation results, the
+invariants heatmaps, and the index. Inputs that are missing are skipped with one line naming the command that
+produces them; when nothing at all can be built the exit status is 2.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from model.table3 import table3_rows
+from reports import figures, index, table3, table3_formats
+from reports.index import Artifact
+from reports.inputs import (ABLATIONS_COMMAND, INVARIANTS_COMMAND, INVARIANTS_DIR, KILL_MATRIX, KILL_MATRIX_COMMAND,
+                            REPO, RESULTS_DIR, MissingInput, budget_folders, load_budget, load_invariants)
+
+REBUILD = "nox -s report"
+OUT_DIR = REPO / "reports"
+
+
+def _where(path: Path) -> str:
+    """A path as the user would type it: relative to the working directory when inside it."""
+    path = path.resolve()
+    return os.path.relpath(path, Path.cwd()) if path.is_relative_to(Path.cwd()) else str(path)
+
+
+def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]]:
+    """Table 3 in every format and the figures of one budget's runs."""
+    results = load_budget(folder)
+    table = table3.compare(results.runs)
+    summary = table3.summarize(table)
+    scaled = "scaled" in results.runs and bool(results.runs["scaled"].any())
+    label = f"{results.budget} (scaled)" if scaled else results.budget
+    source = f"Inputs: {_where(folder)}, produced by: {ABLATIONS_COMMAND.format(budget=results.budget)}"
+    md, page, tex, numbers = table3_formats.write_all(results, table, summary, out_dir / "table3")
+    section = f"Table 3 mirrored, budget {label}"
+    artifacts = [
+        Artifact(section, "Table 3 (HTML page)", page, REBUILD, f"{summary.line()} {source}"),
+        Artifact(section, "Table 3 (Markdown)", md, REBUILD),
+        Artifact(section, "Table 3 (LaTeX, booktabs)", tex, REBUILD),
+        Artifact(section, "Table 3 numbers (CSV: means, spreads, changes, verdicts)", numbers, REBUILD),
+    ]
+    if (folder / "results.csv").is_file():
+        artifacts.append(Artifact(section, "all runs (results.csv)", folder / "results.csv",
+                                  ABLATIONS_COMMAND.format(budget=results.budget)))
+
+    section, fig_dir, skipped = f"Figures, budget {label}", out_dir / "figures" / results.budget, []
+    order = [r.name for r in table3_rows()]
+    figures.group_changes(table, results.runs, fig_dir / "group_changes.png",
+                          f"Changes against base per group: ours, budget {label}, beside the paper's")
+    figures.params_against_ppl(table, fig_dir / "params_vs_ppl.png", f"Params against dev PPL: ours, budget {label}, and the paper's")
+    artifacts += [Artifact(section, "Changes in PPL and BLEU per group (A-E), ours beside the paper's",
+                           fig_dir / "group_changes.png", REBUILD),
+                  Artifact(section, "Params against dev PPL, ours and the paper's", fig_dir / "params_vs_ppl.png", REBUILD)]
+    for metric, what in (("loss", "training loss"), ("dev_ppl", "dev perplexity")):
+        if results.curves[metric].notna().any():
+            path = fig_dir / f"curves_{metric}.png"
+            figures.training_curves(results.curves, metric, path, f"{what} per row, budget {label}", order)
+            artifacts.append(Artifact(section, f"Training curves: {what} of every row", path, REBUILD))
+        else:
+            skipped.append(f"{what} curves for {results.budget}: no {metric} in any metrics.jsonl under {_where(folder)}")
+    if results.runs["tokens_per_s"].notna().any():
+        figures.tokens_per_second(results.runs, fig_dir / "tokens_per_s.png", f"training tokens/s per row, budget {label}", order)
+        artifacts.append(Artifact(section, "Training tokens/s per row", fig_dir / "tokens_per_s.png", REBUILD))
+    else:
+        skipped.append(f"tokens/s for {results.budget}: no tokens_per_s in the runs' final.json")
+    return artifacts, skipped
+
+
+def build_invariants(folder: Path, out_dir: Path) -> list[Artifact]:
+    """The verdict matrix (models x properties), the mutant kill matrix, and links to every invariants report."""
+    inv = load_invariants(folder)
+    section, artifacts = "Invariants", []
+    if len(inv.verdicts):
+        path = out_dir / "figures" / "invariants_verdicts.png"
+        figures.verdict_heatmap(inv.verdicts, "model", path, "Invariants: verdict per model and property", figures.VERDICTS)
+        tally = inv.verdicts.groupby("model")["verdict"].value_counts().unstack(fill_value=0)
+        note = "; ".join(f"{m}: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) for m, counts in tally.iterrows())
+        artifacts.append(Artifact(section, "Verdict matrix (models x properties)", path, REBUILD, note))
+    if len(inv.kills):
+        path = out_dir / "figures" / "kill_matrix.png"
+        figures.verdict_heatmap(inv.kills, "mutant", path, "Mutant kill matrix: a failing property kills the mutant",
+                                figures.KILLS)
+        killed = inv.kills[inv.kills["verdict"] == "fail"]["mutant"].nunique()
+        note = f"{killed} of {inv.kills['mutant'].nunique()} mutants killed by at least one property"
+        artifacts.append(Artifact(section, "Mutant kill matrix (mutants x properties)", path, REBUILD, note))
+    for report in inv.reports:
+        artifacts.append(Artifact(section, f"Invariants report: {report.stem}", report,
+                                  INVARIANTS_COMMAND.format(model=report.stem)))
+    if (folder / KILL_MATRIX).is_file():
+        artifacts.append(Artifact(section, "Kill matrix (JSON)", folder / KILL_MATRIX, KILL_MATRIX_COMMAND))
+    return artifacts
+
+
+def build(results_dir: Path, invariants_dir: Path, out_dir: Path) -> tuple[list[Artifact], list[str]]:
+    """Everything that the inputs on disk allow; returns what was written and one line per input that was missing."""
+    artifacts, skipped = [], []
+    try:
+        folders = budget_folders(results_dir)
+    except MissingInput as missing:
+        folders, skipped = [], [f"Table 3 and its figures: {missing}"]
+    for folder in folders:
+        built, passed_over = build_budget(folder, out_dir)
+        artifacts += built
+        skipped += passed_over
+    try:
+        artifacts += build_invariants(invariants_dir, out_dir)
+    except MissingInput as missing:
+        skipped.append(f"invariants heatmaps: {missing}")
+    return artifacts, skipped
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="ablation results, one folder per budget (default: reports/results)")
+    parser.add_argument("--invariants", type=Path, default=INVARIANTS_DIR, help="invariants reports (default: reports/invariants)")
+    parser.add_argument("--out", type=Path, default=OUT_DIR, help="where the reports go (default: reports/)")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    artifacts, skipped = build(args.results, args.invariants, args.out)
+    for line in skipped:
+        print(f"skipped: {line}", file=sys.stderr)
+    if not artifacts:
+        return 2
+    written = index.write(artifacts, skipped, args.out, REBUILD)
+    for path in [a.path for a in artifacts if a.command == REBUILD] + written:
+        print(f"wrote {_where(path)}")
+    print(f"{len(artifacts) + len(written)} reports in {time.perf_counter() - start:.1f} s; open {_where(written[0])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Read what the reports are built from: ablation results (results format of the runner) and invariants verdicts.
+
+Ablation results live in one folder per budget, `<results>/<budget>/`, each run in a sub-folder holding
+`config.json`, `metrics.jsonl` and, once it ended, `final.json` (committed results add `results.csv` and put the
+run folders under `runs/`; a runner's own `runs/<budget>/` folder reads the same way). Invariants verdicts are
+`<invariants>/<model>.json`, one per model, and `<invariants>/kill_matrix.json`.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO / "reports" / "results"
+INVARIANTS_DIR = REPO / "reports" / "invariants"
+KILL_MATRIX = "kill_matrix.json"
+ABLATIONS_COMMAND = "nox -s ablations -- --budget {budget}"
+INVARIANTS_COMMAND = "nox -s invariants -- --model {model}"
+KILL_MATRIX_COMMAND = "nox -s invariants -- --kill-matrix"
+
+
+class MissingInput(Exception):
+    """An input folder or file that is absent; the message is one line naming the command that produces it."""
+
+
+@dataclass(frozen=True)
+class BudgetResults:
+    """Every run of one budget: `runs` has one line per (row, seed), `curves` one line per logged step."""
+
+    budget: str
+    folder: Path
+    runs: pd.DataFrame
+    curves: pd.DataFrame
+    train: dict[str, object]  # training settings of the base run (config.json "train"), for the header
+
+
+def budget_folders(results_dir: Path) -> list[Path]:
+    """Budget folders under `results_dir` that hold at least one finished run or a results.csv."""
+    if not results_dir.is_dir():
+        raise MissingInput(f"no ablation results folder {results_dir}; produce it with `{ABLATIONS_COMMAND.format(budget='smoke')}`")
+    folders = [p for p in sorted(results_dir.iterdir())
+               if p.is_dir() and ((p / "results.csv").is_file() or next(p.rglob("final.json"), None))]
+    if not folders:
+        raise MissingInput(f"no finished ablation runs under {results_dir}; produce them with `{ABLATIONS_COMMAND.format(budget='smoke')}`")
+    return folders
+
+
+def _flatten(final: dict) -> dict:
+    """One final.json as one table line: the config fields become columns of their own, as in results.csv."""
+    flat = {k: v for k, v in final.items() if k != "config"}
+    flat.update({k: v for k, v in (final.get("config") or {}).items()})
+    return flat
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """The lines of a JSON-lines file; a torn last line (a run killed mid-write) is left out."""
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _metric(value: object) -> float:
+    """A metric as a float; null, missing and non-numbers (diverged or failed runs) become NaN."""
+    try:
+        value = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
+    return value
+
+
+def load_budget(folder: Path) -> BudgetResults:
+    """All runs of one budget folder: finished, diverged and failed ones (with NaN metrics), newest per (row, seed)."""
+    finals = sorted(folder.rglob("final.json"))
+    if finals:
+        runs = pd.DataFrame([_flatten(json.loads(p.read_text())) | {"run_dir": str(p.parent)} for p in finals])
+    else:
+        runs = pd.read_csv(folder / "results.csv")
+    for column in ("dev_ppl", "bleu", "params", "steps", "tokens_seen", "tokens_per_s", "wall_s"):
+        runs[column] = runs[column].map(_metric) if column in runs else math.nan
+    runs = runs.sort_values("date", kind="stable") if "date" in runs else runs
+    runs = runs.drop_duplicates(["row", "seed"], keep="last").reset_index(drop=True)
+
+    curves, train = [], {}
+    for config_path in sorted(folder.rglob("config.json")):
+        config = json.loads(config_path.read_text())
+        if config.get("row") == "base" and not train:
+            train = dict(config.get("train") or {})
+        metrics = config_path.with_name("metrics.jsonl")
+        if metrics.is_file():
+            curves += [{"row": config["row"], "seed": config["seed"], **m} for m in _read_jsonl(metrics)]
+    columns = ["row", "seed", "step", "loss", "lr", "tokens_per_s", "time_s", "dev_ppl"]
+    curves_df = pd.DataFrame(curves).reindex(columns=columns) if curves else pd.DataFrame(columns=columns)
+    return BudgetResults(folder.name, folder, runs, curves_df, train)
+
+
+@dataclass(frozen=True)
+class Invariants:
+    """Verdicts of the invariants suite: `verdicts` long (model, property, verdict), `kills` long (mutant, property, verdict)."""
+
+    folder: Path
+    reports: list[Path]  # the per-model JSON files
+    verdicts: pd.DataFrame
+    kills: pd.DataFrame
+
+
+def load_invariants(folder: Path) -> Invariants:
+    """Every `<model>.json` and the kill matrix in `folder`; either may be absent, but not both."""
+    reports = sorted(p for p in folder.glob("*.json") if p.name != KILL_MATRIX) if folder.is_dir() else []
+    kill_path = folder / KILL_MATRIX
+    if not reports and not kill_path.is_file():
+        raise MissingInput(f"no invariants reports in {folder}; produce them with `{INVARIANTS_COMMAND.format(model='reference')}`")
+    verdicts = []
+    for path in reports:
+        report = json.loads(path.read_text())
+        model = report.get("model", path.stem)
+        verdicts += [{"model": model, "property": p["name"], "verdict": p["verdict"]} for p in report["properties"]]
+    kills = []
+    if kill_path.is_file():
+        matrix = json.loads(kill_path.read_text())
+        kills = [{"mutant": mutant, "property": prop, "verdict": matrix["verdicts"].get(mutant, {}).get(prop, "missing")}
+                 for mutant in matrix["mutants"] for prop in matrix["properties"]]
+    return Invariants(folder, reports, pd.DataFrame(verdicts, columns=["model", "property", "verdict"]),
+                      pd.DataFrame(kills, columns=["mutant", "property", "verdict"]))

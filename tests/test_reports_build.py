@@ -1,0 +1,108 @@
+"""`python -m reports` end to end on fixed results: every report and figure is built, the index links each one with
+the command that regenerates it, and missing inputs are one line each, never a traceback."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from reports import figures, table3
+from reports.__main__ import main
+from reports.inputs import load_budget, load_invariants
+from tests.test_reports import write_fixture
+
+MODELS = {"reference": {"causal_mask": "pass", "kv_cache": "pass", "softmax_rows": "pass"},
+          "torch-nn": {"causal_mask": "pass", "kv_cache": "not_applicable", "softmax_rows": "fail"}}
+KILLS = {"no_causal_mask": {"causal_mask": "fail", "kv_cache": "fail", "softmax_rows": "pass"},
+         "no_scale": {"causal_mask": "pass", "kv_cache": "pass", "softmax_rows": "pass"}}
+
+
+def write_invariants(folder: Path) -> Path:
+    """Invariants reports in the suite's format: one <model>.json per model and kill_matrix.json."""
+    folder.mkdir(parents=True)
+    for model, verdicts in MODELS.items():
+        properties = [{"name": name, "verdict": v, "worst_error": 0.0, "tolerance": 1e-9, "examples": 10,
+                       "reason": "no kv cache" if v == "not_applicable" else None,
+                       "reproduce": f"nox -s invariants -- --model {model} -k {name}"} for name, v in verdicts.items()]
+        report = {"model": model, "date": "2026-11-22", "commit": "abc1234", "torch": "2.13.0", "properties": properties}
+        (folder / f"{model}.json").write_text(json.dumps(report))
+    matrix = {"mutants": list(KILLS), "properties": list(MODELS["reference"]), "verdicts": KILLS}
+    (folder / "kill_matrix.json").write_text(json.dumps(matrix))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("build")
+    write_fixture(root / "results")
+    write_invariants(root / "invariants")
+    code = main(["--results", str(root / "results"), "--invariants", str(root / "invariants"), "--out", str(root / "out")])
+    return code, root
+
+
+def test_build_writes_every_table_and_figure(built):
+    code, root = built
+    out = root / "out"
+    assert code == 0
+    expected = ["table3/smoke.md", "table3/smoke.html", "table3/smoke.tex", "table3/smoke.csv",
+                "figures/smoke/group_changes.png", "figures/smoke/params_vs_ppl.png", "figures/smoke/curves_loss.png",
+                "figures/smoke/curves_dev_ppl.png", "figures/smoke/tokens_per_s.png",
+                "figures/invariants_verdicts.png", "figures/kill_matrix.png", "index.html", "README.md"]
+    for name in expected:
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "figures/smoke/group_changes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_index_links_every_report_with_its_command(built):
+    _, root = built
+    out = root / "out"
+    page, readme = (out / "index.html").read_text(), (out / "README.md").read_text()
+    generated = [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p.name not in ("index.html", "README.md")]
+    for name in generated:
+        assert f'href="{name}"' in page and f"]({name})" in readme, name
+    for model in MODELS:  # the invariants reports themselves, with the command that produces each
+        assert f"../invariants/{model}.json" in page
+        assert f"`nox -s invariants -- --model {model}`" in readme
+    assert readme.count("`nox -s report`") >= len(generated)
+    assert "PPL 3 of 4 rows (n.s.: 1)" in readme  # the table's summary beside its link
+
+
+def test_missing_inputs_are_one_line_each_naming_the_command(tmp_path, capsys):
+    code = main(["--results", str(tmp_path / "none"), "--invariants", str(tmp_path / "none"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 2
+    assert "nox -s ablations -- --budget smoke" in err[0] and "nox -s invariants" in err[1]
+    assert not (tmp_path / "out").exists()
+
+
+def test_with_only_invariants_the_rest_is_built_and_the_skip_reported(tmp_path, capsys):
+    write_invariants(tmp_path / "invariants")
+    code = main(["--results", str(tmp_path / "none"), "--invariants", str(tmp_path / "invariants"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 0 and "skipped: Table 3" in err and "Traceback" not in err
+    assert (tmp_path / "out" / "figures" / "kill_matrix.png").is_file()
+    assert "## Skipped" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_group_figure_has_ours_beside_the_papers_for_each_group_and_metric(tmp_path):
+    results = load_budget(write_fixture(tmp_path))
+    table = table3.compare(results.runs)
+    fig = figures.group_changes(table, results.runs, tmp_path / "g.png", "changes")
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles[:4] == ["(A) Δ PPL (dev), ours", "(A) Δ PPL (dev), paper", "(A) Δ BLEU (dev), ours", "(A) Δ BLEU (dev), paper"]
+    assert len(titles) == 5 * 4 and titles[-1] == "(E) Δ BLEU (dev), paper"
+    paper_a = fig.axes[1]  # bar heights are the paper's changes for A1..A4
+    expected = table.loc[["A1", "A2", "A3", "A4"], "ppl_paper_delta"].to_numpy()
+    assert [p.get_height() for p in paper_a.patches] == pytest.approx(expected)
+
+
+def test_verdict_heatmap_labels_each_cell_with_its_verdict(tmp_path):
+    inv = load_invariants(write_invariants(tmp_path / "invariants"))
+    fig = figures.verdict_heatmap(inv.verdicts, "model", tmp_path / "v.png", "verdicts", figures.VERDICTS)
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    assert labels == ["pass", "pass", "pass", "pass", "n/a", "FAIL"]  # reference's row, then torch-nn's
+    fig = figures.verdict_heatmap(inv.kills, "mutant", tmp_path / "k.png", "kills", figures.KILLS)
+    assert [t.get_text() for t in fig.axes[0].texts] == ["killed", "killed", "survived", "survived", "survived", "survived"]
