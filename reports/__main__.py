@@ -33,8 +33,7 @@ def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]
     results = load_budget(folder)
     table = table3.compare(results.runs)
     summary = table3.summarize(table)
-    scaled = "scaled" in results.runs and bool(results.runs["scaled"].any())
-    label = f"{results.budget} (scaled)" if scaled else results.budget
+    label = f"{results.budget} (scaled)" if results.scaled else results.budget
     source = f"Inputs: {_where(folder)}, produced by: {ABLATIONS_COMMAND.format(budget=results.budget)}"
     md, page, tex, numbers = table3_formats.write_all(results, table, summary, out_dir / "table3")
     section = f"Table 3 mirrored, budget {label}"

@@ -77,7 +77,7 @@ def training_curves(curves: pd.DataFrame, metric: str, path: Path, title: str, o
     data = curves.dropna(subset=[metric])
     rows = [r for r in order if r in set(data["row"])]
     grid = sns.relplot(data, x="step", y=metric, col="row", col_order=rows, col_wrap=min(5, len(rows)),
-                       hue="seed", kind="line", marker="o" if metric == "dev_ppl" else None,
+                       hue="seed", kind="line", estimator=None, errorbar=None, marker="o" if metric == "dev_ppl" else None,
                        height=1.8, aspect=1.3, facet_kws={"sharey": metric == "loss"}, palette="deep")
     grid.set_titles("{col_name}")
     grid.set_ylabels({"loss": "training loss", "dev_ppl": "dev PPL"}.get(metric, metric))

@@ -37,6 +37,11 @@ class BudgetResults:
     curves: pd.DataFrame
     train: dict[str, object]  # training settings of the base run (config.json "train"), for the header
 
+    @property
+    def scaled(self) -> bool:
+        """A budget whose models and data are shrunk (smoke): its values are not comparable to the paper's, only directions."""
+        return "scaled" in self.runs and bool(self.runs["scaled"].fillna(False).astype(bool).any())
+
 
 def budget_folders(results_dir: Path) -> list[Path]:
     """Budget folders under `results_dir` that hold at least one finished run or a results.csv."""
