@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "reports" / "results"
 INVARIANTS_DIR = REPO / "reports" / "invariants"
 KILL_MATRIX = "kill_matrix.json"
-ABLATIONS_COMMAND = "nox -s ablations -- --budget {budget}"
+ABLATIONS_COMMAND = "nox -s ablations -- run --budget {budget} && nox -s ablations -- publish --budget {budget}"
 INVARIANTS_COMMAND = "nox -s invariants -- --model {model}"
 KILL_MATRIX_COMMAND = "nox -s invariants -- --kill-matrix"
 
@@ -36,6 +36,7 @@ class BudgetResults:
     runs: pd.DataFrame
     curves: pd.DataFrame
     train: dict[str, object]  # training settings of the base run (config.json "train"), for the header
+    data: dict[str, object]  # data sizes of the base run (config.json "data"), for the header
 
     @property
     def scaled(self) -> bool:
@@ -93,17 +94,17 @@ def load_budget(folder: Path) -> BudgetResults:
     runs = runs.sort_values("date", kind="stable") if "date" in runs else runs
     runs = runs.drop_duplicates(["row", "seed"], keep="last").reset_index(drop=True)
 
-    curves, train = [], {}
+    curves, train, data = [], {}, {}
     for config_path in sorted(folder.rglob("config.json")):
         config = json.loads(config_path.read_text())
         if config.get("row") == "base" and not train:
-            train = dict(config.get("train") or {})
+            train, data = dict(config.get("train") or {}), dict(config.get("data") or {})
         metrics = config_path.with_name("metrics.jsonl")
         if metrics.is_file():
             curves += [{"row": config["row"], "seed": config["seed"], **m} for m in _read_jsonl(metrics)]
     columns = ["row", "seed", "step", "loss", "lr", "tokens_per_s", "time_s", "dev_ppl"]
     curves_df = pd.DataFrame(curves).reindex(columns=columns) if curves else pd.DataFrame(columns=columns)
-    return BudgetResults(folder.name, folder, runs, curves_df, train)
+    return BudgetResults(folder.name, folder, runs, curves_df, train, data)
 
 
 @dataclass(frozen=True)

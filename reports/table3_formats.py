@@ -112,7 +112,7 @@ def provenance(results: BudgetResults, table: pd.DataFrame) -> list[tuple[str, s
     not_run = [n for n, s, f in zip(table.index, table["seeds"], table["not_finished"]) if s == 0 and f == 0]
     return [
         ("budget", budget),
-        ("data preset", unique("preset")),
+        ("data", f"preset {unique('preset')}" + "".join(f", {k}={v}" for k, v in results.data.items())),
         ("training", ", ".join(f"{k}={v}" for k, v in results.train.items()) or "unknown"),
         ("model", unique("model_spec")),
         ("device", unique("device")),

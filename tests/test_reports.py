@@ -42,7 +42,8 @@ def write_run(root: Path, row: str, seed: int, result: tuple[float, float] | Non
     common = {"row": row, "group": PAPER[row].group, "seed": seed, "budget": budget, "preset": "tiny",
               "scaled": budget == "smoke", "model_spec": "reference"}
     (run / "config.json").write_text(json.dumps(common | {"config": config.to_dict(),
-                                                           "train": {"steps": steps, "warmup": 10, "batch_tokens": 512}}))
+                                                           "train": {"steps": steps, "warmup": 10, "batch_tokens": 512},
+                                                           "data": {"max_train_pairs": 4000, "dev_pairs": 100}}))
     ppl, bleu = (math.nan, math.nan) if result is None else result
     lines = [{"step": s, "loss": 5.0 - s / steps, "lr": 1e-3, "tokens_per_s": 1000.0 + seed, "time_s": s / 10}
              | ({"dev_ppl": ppl * (1 + (steps - s) / steps)} if s % 20 == 0 else {}) for s in range(1, steps + 1)]
@@ -200,7 +201,7 @@ def test_markdown_header_says_what_produced_it(rendered):
     text = rendered["md"]
     assert text.startswith("# Table 3 mirrored: budget smoke (scaled)")
     for fact in ("**budget**: smoke (scaled", "**device**: cpu", "**torch**: 2.13.0", "**commit**: abc1234",
-                 "**data preset**: tiny", "**tokens seen**: base 20,480", "tok:13a", "**steps**: base 40"):
+                 "**data**: preset tiny, max_train_pairs=4000, dev_pairs=100", "**tokens seen**: base 20,480", "tok:13a", "**steps**: base 40"):
         assert fact in text
     assert "PPL 3 of 4 rows (n.s.: 1)" in text
     assert "D1 seed 0: diverged (loss is NaN)" in text

@@ -74,7 +74,7 @@ def test_missing_inputs_are_one_line_each_naming_the_command(tmp_path, capsys):
     code = main(["--results", str(tmp_path / "none"), "--invariants", str(tmp_path / "none"), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 2
-    assert "nox -s ablations -- --budget smoke" in err[0] and "nox -s invariants" in err[1]
+    assert "nox -s ablations -- run --budget smoke" in err[0] and "nox -s invariants" in err[1]
     assert not (tmp_path / "out").exists()
 
 
