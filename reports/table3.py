@@ -3,8 +3,9 @@
 Every number comes from the runs on disk (reports.inputs) or from model.table3 (the paper's values); nothing here
 is typed in. Several seeds give a mean and a spread (sample standard deviation). The spread of a change is
 sqrt(sd_row^2 + sd_base^2), the spread of the difference of one draw of each; a change smaller than its spread is
-"n.s." (not significant) instead of agreeing or disagreeing. With one seed per row there is no spread and the
-direction is compared as measured (the header says how many seeds each row had).
+"n.s." (not significant) instead of agreeing or disagreeing, and so is a change of exactly zero. With one seed per
+row there is no spread and the direction is compared as measured (the header says how many seeds each row had).
+Where the paper's own change is zero, any change of ours that is significant counts as disagreeing.
 """
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ AGREE, DISAGREE, NOT_SIGNIFICANT, NOT_COMPARABLE = "yes", "no", "n.s.", "—"
 
 
 def direction_agreement(ours: float, spread: float, paper: float) -> str:
-    """Whether our change points the paper's way: yes/no, n.s. when smaller than its spread, — when a value is missing."""
+    """Whether our change points the paper's way: yes/no, n.s. when zero or smaller than its spread, — when a value is missing."""
     if math.isnan(ours) or math.isnan(paper):
         return NOT_COMPARABLE
-    if not math.isnan(spread) and abs(ours) < spread:
+    if ours == 0 or abs(ours) < spread:  # no change has no direction; NaN spread (one seed) compares as False
         return NOT_SIGNIFICANT
     return AGREE if np.sign(ours) == np.sign(paper) else DISAGREE
 
@@ -55,8 +56,8 @@ def _ours(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _config(row: Table3Row, runs: pd.DataFrame, base: dict[str, object]) -> dict[str, object]:
-    """The configuration a row ran with: our runs' fields (a budget may scale them); a row not run shows our base
-    configuration with the row's changes from the paper."""
+    """The configuration a row ran with: our runs' fields (a budget may scale them); a row not run shows the paper's
+    changes on top of our base configuration."""
     mine = runs[runs["row"] == row.name]
     if len(mine) and all(c in mine for c in CONFIG):
         config = {c: mine.iloc[0][c] for c in CONFIG}

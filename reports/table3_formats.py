@@ -26,7 +26,8 @@ AGREE_COLOR = {"yes": "#d8f0d8", "no": "#f6d5d5", "n.s.": "#ececec"}
 LEGEND = ("Blank configuration cell: same as base, as the paper prints it. Δ: change against the base row "
           "(ours against our base, the paper's against its base); ± is the sample standard deviation over seeds "
           "(for a change, sqrt(sd_row² + sd_base²)). agree: our change points the paper's way (yes/no); n.s.: our "
-          "change is smaller than its spread; —: nothing to compare. Paper values: Vaswani et al. (2017), Table 3.")
+          "change is zero or smaller than its spread; —: nothing to compare. Rows not run show the paper's changes "
+          "to the configuration. Paper values: Vaswani et al. (2017), Table 3.")
 
 
 def _number(value: float, decimals: int, sd: float = math.nan, signed: bool = False) -> str:
@@ -87,6 +88,11 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
     return shown
 
 
+def _span(values: pd.Series, text) -> str:
+    low, high = text(values.min()), text(values.max())
+    return low if low == high else f"{low} to {high}"
+
+
 def _shown_path(path: Path) -> str:
     """A path relative to the repository when it lies inside it, so committed reports carry no machine's paths."""
     try:
@@ -119,10 +125,10 @@ def provenance(results: BudgetResults, table: pd.DataFrame) -> list[tuple[str, s
         ("torch", unique("torch")),
         ("commit", unique("commit")),
         ("date", f"{dates.min()} to {dates.max()}" if len(dates) else "unknown"),
-        ("steps", f"base {_steps(base['steps']) or 'not run'}; all rows {_steps(steps.min())} to {_steps(steps.max())}"
-                  f" (paper: 100K, big 300K)" if len(steps) else "none"),
+        ("steps", f"base {_steps(base['steps']) or 'not run'}; all rows {_span(steps, _steps)} (paper: 100K, big 300K)"
+                  if len(steps) else "none"),
         ("tokens seen", f"base {base['tokens_seen']:,.0f}" if not math.isnan(base["tokens_seen"]) else "unknown"),
-        ("seeds", f"{ran.min()} to {ran.max()} finished per row run; not run: {', '.join(not_run) or 'none'}"
+        ("seeds", f"{_span(ran, str)} finished per row that ran; not run: {', '.join(not_run) or 'none'}"
                   if len(ran) else "no finished run"),
         ("sacreBLEU", unique("sacrebleu_signature")),
         ("results", _shown_path(results.folder)),

@@ -135,7 +135,8 @@ def test_rows_not_run_have_no_metrics_and_no_verdict(table):
 
 @pytest.mark.parametrize(("ours", "spread", "paper", "verdict"), [
     (1.0, 0.2, 0.5, "yes"), (-1.0, 0.2, 0.5, "no"), (0.1, 0.2, -0.5, "n.s."), (0.1, math.nan, -0.5, "no"),
-    (math.nan, 0.2, 0.5, "—"), (1.0, 0.2, math.nan, "—"),
+    (math.nan, 0.2, 0.5, "—"), (1.0, 0.2, math.nan, "—"), (0.0, 0.0, -0.5, "n.s."), (0.0, math.nan, 0.5, "n.s."),
+    (0.3, math.nan, 0.0, "no"),
 ])
 def test_direction_agreement(ours, spread, paper, verdict):
     assert table3.direction_agreement(ours, spread, paper) == verdict
