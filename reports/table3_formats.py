@@ -16,7 +16,7 @@ from reports.inputs import REPO, BudgetResults
 from reports.table3 import METRICS, PAPER_CONFIG, Summary
 
 METRIC_LABEL = {"ppl": "PPL (dev)", "bleu": "BLEU (dev)", "params": "params ×10⁶"}
-DECIMALS = {"ppl": 2, "bleu": 1, "params": 1}  # as the paper prints them
+DECIMALS = {"ppl": 2, "bleu": 1}  # as the paper prints them
 CONFIG_LABEL = {"P_drop": "P_drop", "eps_ls": "ε_ls"}
 LATEX_LABEL = {"N": "$N$", "d_model": "$d_\\text{model}$", "d_ff": "$d_\\text{ff}$", "h": "$h$", "d_k": "$d_k$",
                "d_v": "$d_v$", "P_drop": "$P_{drop}$", "ε_ls": "$\\epsilon_{ls}$", "params ×10⁶": "params $\\times 10^6$",
@@ -30,17 +30,25 @@ LEGEND = ("Blank configuration cell: same as base, as the paper prints it. Δ: c
           "to the configuration. Paper values: Vaswani et al. (2017), Table 3.")
 
 
-def _number(value: float, decimals: int, sd: float = math.nan, signed: bool = False) -> str:
+def _metric_text(metric: str, value: float, sd: float = math.nan, signed: bool = False) -> str:
+    """A metric as the paper prints it (PPL 2 decimals, BLEU 1, params in millions to 3 significant digits: 63.1,
+    213, 0.764 for a scaled model), with ± sd when there is a spread."""
     if math.isnan(value):
         return ""
-    text = f"{value:+.{decimals}f}" if signed else f"{value:.{decimals}f}"
+    sign = "+" if signed else ""
+    if metric == "params":
+        text, spread = f"{value:{sign}.3g}", f"{sd:.2g}"
+    else:
+        text, spread = f"{value:{sign}.{DECIMALS[metric]}f}", f"{sd:.{DECIMALS[metric]}f}"
     text = text.replace("-", "−")
-    return f"{text} ± {sd:.{decimals}f}" if not math.isnan(sd) and sd > 0 else text
+    return f"{text} ± {spread}" if not math.isnan(sd) and sd > 0 else text
 
 
-def _params(value: float) -> str:
-    """Millions of parameters: whole numbers as the paper prints them, or 3 significant digits for small models."""
-    return "" if math.isnan(value) else (f"{value:.0f}" if value >= 10 else f"{value:.3g}")
+def _config_value(column: str, value: object) -> str:
+    """A configuration value as the paper prints it: integers without a decimal point (CSV input may carry 6.0)."""
+    if column in ("P_drop", "eps_ls") or not isinstance(value, float) or not value.is_integer():
+        return str(value)
+    return str(int(value))
 
 
 def _steps(value: float) -> str:
@@ -50,7 +58,8 @@ def _steps(value: float) -> str:
 def _config_cells(line: pd.Series, base: pd.Series) -> dict[str, str]:
     """The paper's configuration columns: a value only where it differs from base; a changed pe as text (row E)."""
     is_base = line.name == "base"
-    cells = {CONFIG_LABEL.get(c, c): str(line[c]) if is_base or line[c] != base[c] else "" for c in PAPER_CONFIG}
+    cells = {CONFIG_LABEL.get(c, c): _config_value(c, line[c]) if is_base or line[c] != base[c] else ""
+             for c in PAPER_CONFIG}
     if line["pe"] != base["pe"]:
         cells["N"] = PE_TEXT.get(line["pe"], f"pe = {line['pe']}")
     steps = line["steps"]
@@ -61,9 +70,7 @@ def _config_cells(line: pd.Series, base: pd.Series) -> dict[str, str]:
 def _ours_text(line: pd.Series, metric: str) -> str:
     if line["seeds"] == 0:
         return "did not finish" if line["not_finished"] else "not run"
-    if metric == "params":
-        return _params(line[metric])
-    return _number(line[metric], DECIMALS[metric], line[f"{metric}_sd"])
+    return _metric_text(metric, line[metric], line[f"{metric}_sd"])
 
 
 def display(table: pd.DataFrame) -> pd.DataFrame:
@@ -73,9 +80,9 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
     for name, line in table.iterrows():
         cells = {("", k): v for k, v in _config_cells(line, base).items()}
         for m in METRICS:
-            paper = _params(line[f"{m}_paper"]) if m == "params" else _number(line[f"{m}_paper"], DECIMALS[m])
-            delta = "" if name == "base" else _number(line[f"{m}_delta"], DECIMALS[m], line[f"{m}_spread"], True)
-            paper_delta = "" if name == "base" else _number(line[f"{m}_paper_delta"], DECIMALS[m], signed=True)
+            paper = _metric_text(m, line[f"{m}_paper"])
+            delta = "" if name == "base" else _metric_text(m, line[f"{m}_delta"], line[f"{m}_spread"], signed=True)
+            paper_delta = "" if name == "base" else _metric_text(m, line[f"{m}_paper_delta"], signed=True)
             cells |= {(METRIC_LABEL[m], "ours"): _ours_text(line, m), (METRIC_LABEL[m], "paper"): paper,
                       (METRIC_LABEL[m], "Δ ours"): delta, (METRIC_LABEL[m], "Δ paper"): paper_delta,
                       (METRIC_LABEL[m], "agree"): line[f"{m}_agree"]}

@@ -193,6 +193,8 @@ def test_markdown_shows_paper_values_changes_and_verdicts(rendered):
     assert rows["A1"]["PPL (dev) Δ ours"] == "+1.00 ± 0.20"
     assert rows["A1"]["PPL (dev) Δ paper"] == f"+{PAPER['A1'].paper_ppl - PAPER['base'].paper_ppl:.2f}"
     assert rows["A1"]["params ×10⁶ paper"] == ""  # the paper prints no params for row A
+    base_params = paper_architecture_params(PAPER["base"].config().replace(vocab_size=SMOKE_VOCAB)) / 1e6
+    assert rows["base"]["params ×10⁶ ours"] == f"{base_params:.3g}"  # millions to 3 significant digits
     assert rows["B1"]["params ×10⁶ paper"] == f"{PAPER['B1'].paper_params_millions:.0f}"
     assert (rows["A1"]["PPL (dev) agree"], rows["C7"]["PPL (dev) agree"], rows["A3"]["PPL (dev) agree"]) == ("yes", "no", "n.s.")
     assert rows["B1"]["PPL (dev) ours"] == "not run" and rows["D1"]["seeds"] == "1"
