@@ -87,9 +87,11 @@ def build_invariants(folder: Path, out_dir: Path) -> list[Artifact]:
         killed = inv.kills[inv.kills["verdict"] == "fail"]["mutant"].nunique()
         note = f"{killed} of {inv.kills['mutant'].nunique()} mutants killed by at least one property"
         artifacts.append(Artifact(section, "Mutant kill matrix (mutants x properties)", path, REBUILD, note))
-    for report in inv.reports:
-        artifacts.append(Artifact(section, f"Invariants report: {report.stem}", report,
-                                  INVARIANTS_COMMAND.format(model=report.stem)))
+    for report, model in inv.reports.items():
+        command = INVARIANTS_COMMAND.format(model=model)
+        for path, kind in ((report.with_suffix(".md"), "Markdown"), (report, "JSON")):
+            if path.is_file():
+                artifacts.append(Artifact(section, f"Invariants report of {model} ({kind})", path, command))
     if (folder / KILL_MATRIX).is_file():
         artifacts.append(Artifact(section, "Kill matrix (JSON)", folder / KILL_MATRIX, KILL_MATRIX_COMMAND))
     return artifacts

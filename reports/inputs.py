@@ -112,7 +112,7 @@ class Invariants:
     """Verdicts of the invariants suite: `verdicts` long (model, property, verdict), `kills` long (mutant, property, verdict)."""
 
     folder: Path
-    reports: list[Path]  # the per-model JSON files
+    reports: dict[Path, str]  # each per-model JSON file and the model spec it checked
     verdicts: pd.DataFrame
     kills: pd.DataFrame
 
@@ -123,15 +123,15 @@ def load_invariants(folder: Path) -> Invariants:
     kill_path = folder / KILL_MATRIX
     if not reports and not kill_path.is_file():
         raise MissingInput(f"no invariants reports in {folder}; produce them with `{INVARIANTS_COMMAND.format(model='reference')}`")
-    verdicts = []
+    verdicts, models = [], {}
     for path in reports:
         report = json.loads(path.read_text())
-        model = report.get("model", path.stem)
+        models[path] = model = report.get("model", path.stem)
         verdicts += [{"model": model, "property": p["name"], "verdict": p["verdict"]} for p in report["properties"]]
     kills = []
     if kill_path.is_file():
         matrix = json.loads(kill_path.read_text())
         kills = [{"mutant": mutant, "property": prop, "verdict": matrix["verdicts"].get(mutant, {}).get(prop, "missing")}
                  for mutant in matrix["mutants"] for prop in matrix["properties"]]
-    return Invariants(folder, reports, pd.DataFrame(verdicts, columns=["model", "property", "verdict"]),
+    return Invariants(folder, models, pd.DataFrame(verdicts, columns=["model", "property", "verdict"]),
                       pd.DataFrame(kills, columns=["mutant", "property", "verdict"]))

@@ -14,22 +14,24 @@ from reports.__main__ import main
 from reports.inputs import load_budget, load_invariants
 from tests.test_reports import write_fixture
 
-MODELS = {"reference": {"causal_mask": "pass", "kv_cache": "pass", "softmax_rows": "pass"},
+MODELS = {"reference:big": {"causal_mask": "pass", "kv_cache": "pass", "softmax_rows": "pass"},
           "torch-nn": {"causal_mask": "pass", "kv_cache": "not_applicable", "softmax_rows": "fail"}}
 KILLS = {"no_causal_mask": {"causal_mask": "fail", "kv_cache": "fail", "softmax_rows": "pass"},
          "no_scale": {"causal_mask": "pass", "kv_cache": "pass", "softmax_rows": "pass"}}
 
 
 def write_invariants(folder: Path) -> Path:
-    """Invariants reports in the suite's format: one <model>.json per model and kill_matrix.json."""
+    """Invariants reports in the suite's format: <slug>.json and .md per model, and kill_matrix.json."""
     folder.mkdir(parents=True)
     for model, verdicts in MODELS.items():
         properties = [{"name": name, "verdict": v, "worst_error": 0.0, "tolerance": 1e-9, "examples": 10,
                        "reason": "no kv cache" if v == "not_applicable" else None,
                        "reproduce": f"nox -s invariants -- --model {model} -k {name}"} for name, v in verdicts.items()]
         report = {"model": model, "date": "2026-11-22", "commit": "abc1234", "torch": "2.13.0", "properties": properties}
-        (folder / f"{model}.json").write_text(json.dumps(report))
-    matrix = {"mutants": list(KILLS), "properties": list(MODELS["reference"]), "verdicts": KILLS}
+        slug = re.sub(r"[^A-Za-z0-9.-]+", "_", model)
+        (folder / f"{slug}.json").write_text(json.dumps(report))
+        (folder / f"{slug}.md").write_text(f"# Invariants of {model}\n")
+    matrix = {"mutants": list(KILLS), "properties": list(MODELS["reference:big"]), "verdicts": KILLS}
     (folder / "kill_matrix.json").write_text(json.dumps(matrix))
     return folder
 
@@ -63,8 +65,8 @@ def test_index_links_every_report_with_its_command(built):
     generated = [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p.name not in ("index.html", "README.md")]
     for name in generated:
         assert f'href="{name}"' in page and f"]({name})" in readme, name
-    for model in MODELS:  # the invariants reports themselves, with the command that produces each
-        assert f"../invariants/{model}.json" in page
+    for slug, model in (("reference_big", "reference:big"), ("torch-nn", "torch-nn")):  # the invariants reports
+        assert f'href="../invariants/{slug}.json"' in page and f'href="../invariants/{slug}.md"' in page
         assert f"`nox -s invariants -- --model {model}`" in readme
     assert readme.count("`nox -s report`") >= len(generated)
     assert "PPL 3 of 4 rows (n.s.: 1)" in readme  # the table's summary beside its link
