@@ -7,7 +7,6 @@ produces them; when nothing at all can be built the exit status is 2.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -16,16 +15,11 @@ from model.table3 import table3_rows
 from reports import figures, index, table3, table3_formats
 from reports.index import Artifact
 from reports.inputs import (ABLATIONS_COMMAND, INVARIANTS_COMMAND, INVARIANTS_DIR, KILL_MATRIX, KILL_MATRIX_COMMAND,
-                            REPO, RESULTS_DIR, MissingInput, budget_folders, load_budget, load_invariants)
+                            REPO, RESULTS_DIR, MissingInput, budget_folders, load_budget, load_invariants,
+                            shown_path)
 
 REBUILD = "nox -s report"
 OUT_DIR = REPO / "reports"
-
-
-def _where(path: Path) -> str:
-    """A path as the user would type it: relative to the working directory when inside it."""
-    path = path.resolve()
-    return os.path.relpath(path, Path.cwd()) if path.is_relative_to(Path.cwd()) else str(path)
 
 
 def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]]:
@@ -34,7 +28,7 @@ def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]
     table = table3.compare(results.runs)
     summary = table3.summarize(table)
     label = f"{results.budget} (scaled)" if results.scaled else results.budget
-    source = f"Inputs: {_where(folder)}, produced by: {ABLATIONS_COMMAND.format(budget=results.budget)}"
+    source = f"Inputs: {shown_path(folder)}, produced by: {ABLATIONS_COMMAND.format(budget=results.budget)}"
     md, page, tex, numbers = table3_formats.write_all(results, table, summary, out_dir / "table3")
     section = f"Table 3 mirrored, budget {label}"
     artifacts = [
@@ -61,7 +55,7 @@ def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]
             figures.training_curves(results.curves, metric, path, f"{what} per row, budget {label}", order)
             artifacts.append(Artifact(section, f"Training curves: {what} of every row", path, REBUILD))
         else:
-            skipped.append(f"{what} curves for {results.budget}: no {metric} in any metrics.jsonl under {_where(folder)}")
+            skipped.append(f"{what} curves for {results.budget}: no {metric} in any metrics.jsonl under {shown_path(folder)}")
     if results.runs["tokens_per_s"].notna().any():
         figures.tokens_per_second(results.runs, fig_dir / "tokens_per_s.png", f"training tokens/s per row, budget {label}", order)
         artifacts.append(Artifact(section, "Training tokens/s per row", fig_dir / "tokens_per_s.png", REBUILD))
@@ -129,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     written = index.write(artifacts, skipped, args.out, REBUILD)
     for path in [a.path for a in artifacts if a.command == REBUILD] + written:
-        print(f"wrote {_where(path)}")
-    print(f"{len(artifacts) + len(written)} reports in {time.perf_counter() - start:.1f} s; open {_where(written[0])}")
+        print(f"wrote {shown_path(path)}")
+    print(f"{len(artifacts) + len(written)} reports in {time.perf_counter() - start:.1f} s; open {shown_path(written[0])}")
     return 0
 
 

@@ -23,6 +23,12 @@ INVARIANTS_COMMAND = "nox -s invariants -- --model {model}"
 KILL_MATRIX_COMMAND = "nox -s invariants -- --kill-matrix"
 
 
+def shown_path(path: Path) -> str:
+    """A path relative to the repository when it lies inside it, so that committed reports carry no machine's paths."""
+    path = path.resolve()
+    return path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else str(path)
+
+
 class MissingInput(Exception):
     """An input folder or file that is absent; the message is one line naming the command that produces it."""
 
@@ -47,11 +53,11 @@ class BudgetResults:
 def budget_folders(results_dir: Path) -> list[Path]:
     """Budget folders under `results_dir` that hold at least one finished run or a results.csv."""
     if not results_dir.is_dir():
-        raise MissingInput(f"no ablation results folder {results_dir}; produce it with `{ABLATIONS_COMMAND.format(budget='smoke')}`")
+        raise MissingInput(f"no ablation results folder {shown_path(results_dir)}; produce it with `{ABLATIONS_COMMAND.format(budget='smoke')}`")
     folders = [p for p in sorted(results_dir.iterdir())
                if p.is_dir() and ((p / "results.csv").is_file() or next(p.rglob("final.json"), None))]
     if not folders:
-        raise MissingInput(f"no finished ablation runs under {results_dir}; produce them with `{ABLATIONS_COMMAND.format(budget='smoke')}`")
+        raise MissingInput(f"no finished ablation runs under {shown_path(results_dir)}; produce them with `{ABLATIONS_COMMAND.format(budget='smoke')}`")
     return folders
 
 
@@ -122,7 +128,7 @@ def load_invariants(folder: Path) -> Invariants:
     reports = sorted(p for p in folder.glob("*.json") if p.name != KILL_MATRIX) if folder.is_dir() else []
     kill_path = folder / KILL_MATRIX
     if not reports and not kill_path.is_file():
-        raise MissingInput(f"no invariants reports in {folder}; produce them with `{INVARIANTS_COMMAND.format(model='reference')}`")
+        raise MissingInput(f"no invariants reports in {shown_path(folder)}; produce them with `{INVARIANTS_COMMAND.format(model='reference')}`")
     verdicts, models = [], {}
     for path in reports:
         report = json.loads(path.read_text())

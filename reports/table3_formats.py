@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports.inputs import REPO, BudgetResults
+from reports.inputs import BudgetResults, shown_path
 from reports.table3 import METRICS, PAPER_CONFIG, Summary
 
 METRIC_LABEL = {"ppl": "PPL (dev)", "bleu": "BLEU (dev)", "params": "params ×10⁶"}
@@ -100,14 +100,6 @@ def _span(values: pd.Series, text) -> str:
     return low if low == high else f"{low} to {high}"
 
 
-def _shown_path(path: Path) -> str:
-    """A path relative to the repository when it lies inside it, so committed reports carry no machine's paths."""
-    try:
-        return str(path.resolve().relative_to(REPO))
-    except ValueError:
-        return str(path)
-
-
 def provenance(results: BudgetResults, table: pd.DataFrame) -> list[tuple[str, str]]:
     """What produced the table, for its header: budget, data, device, torch, commit, date, steps, tokens, sacreBLEU."""
     runs = results.runs
@@ -138,7 +130,7 @@ def provenance(results: BudgetResults, table: pd.DataFrame) -> list[tuple[str, s
         ("seeds", f"{_span(ran, str)} finished per row that ran; not run: {', '.join(not_run) or 'none'}"
                   if len(ran) else "no finished run"),
         ("sacreBLEU", unique("sacrebleu_signature")),
-        ("results", _shown_path(results.folder)),
+        ("results", shown_path(results.folder)),
     ]
 
 
