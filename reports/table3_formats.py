@@ -167,14 +167,15 @@ def markdown(shown: pd.DataFrame, header: list[tuple[str, str]], summary: Summar
 # --- HTML ------------------------------------------------------------------------------------------------------
 
 CSS = """
-body { font-family: "DejaVu Sans", Helvetica, Arial, sans-serif; font-size: 13px; margin: 24px; color: #222; }
+body { font-family: "DejaVu Sans", Helvetica, Arial, sans-serif; font-size: 13px; margin: 16px; color: #222; }
 h1 { font-size: 20px; margin: 0 0 12px; }
 dl.header { display: grid; grid-template-columns: max-content auto; gap: 2px 12px; margin: 0 0 12px; }
 dl.header dt { font-weight: bold; } dl.header dd { margin: 0; }
 p.summary { font-weight: bold; margin: 12px 0; }
 table.table3 { border-collapse: collapse; border-top: 2px solid #222; border-bottom: 2px solid #222; }
-table.table3 th, table.table3 td { padding: 3px 7px; text-align: right; white-space: nowrap; }
-table.table3 thead th { text-align: center; border-bottom: 1px solid #222; }
+table.table3 { font-size: 12px; }
+table.table3 th, table.table3 td { padding: 2px 5px; text-align: right; white-space: nowrap; }
+table.table3 thead th { text-align: center; border-bottom: 1px solid #222; white-space: normal; }
 table.table3 tbody th { text-align: left; font-weight: normal; }
 table.table3 span.spill { display: inline-block; width: 0; text-align: left; }  /* row E's text runs across the blank cells, as in the paper */
 p.legend { max-width: 1100px; color: #444; }
