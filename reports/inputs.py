@@ -2,7 +2,8 @@
 
 Ablation results live in one folder per budget, `<results>/<budget>/`, each run in a sub-folder holding
 `config.json`, `metrics.jsonl` and, once it ended, `final.json` (committed results add `results.csv` and put the
-run folders under `runs/`; a runner's own `runs/<budget>/` folder reads the same way). Invariants verdicts are
+run folders under `runs/`; a runner's own `runs/<budget>/` folder reads the same way). The runs are read from
+their final.json files, the source results.csv is gathered from. Invariants verdicts are
 `<invariants>/<model>.json`, one per model, and `<invariants>/kill_matrix.json`.
 """
 from __future__ import annotations
@@ -51,11 +52,10 @@ class BudgetResults:
 
 
 def budget_folders(results_dir: Path) -> list[Path]:
-    """Budget folders under `results_dir` that hold at least one finished run or a results.csv."""
+    """Budget folders under `results_dir` that hold at least one ended run (a final.json)."""
     if not results_dir.is_dir():
         raise MissingInput(f"no ablation results folder {shown_path(results_dir)}; produce it with `{ABLATIONS_COMMAND.format(budget='smoke')}`")
-    folders = [p for p in sorted(results_dir.iterdir())
-               if p.is_dir() and ((p / "results.csv").is_file() or next(p.rglob("final.json"), None))]
+    folders = [p for p in sorted(results_dir.iterdir()) if p.is_dir() and next(p.rglob("final.json"), None)]
     if not folders:
         raise MissingInput(f"no finished ablation runs under {shown_path(results_dir)}; produce them with `{ABLATIONS_COMMAND.format(budget='smoke')}`")
     return folders
@@ -90,11 +90,8 @@ def _metric(value: object) -> float:
 
 def load_budget(folder: Path) -> BudgetResults:
     """All runs of one budget folder: finished, diverged and failed ones (with NaN metrics), newest per (row, seed)."""
-    finals = sorted(folder.rglob("final.json"))
-    if finals:
-        runs = pd.DataFrame([_flatten(json.loads(p.read_text())) | {"run_dir": str(p.parent)} for p in finals])
-    else:
-        runs = pd.read_csv(folder / "results.csv")
+    runs = pd.DataFrame([_flatten(json.loads(p.read_text())) | {"run_dir": str(p.parent)}
+                         for p in sorted(folder.rglob("final.json"))])
     for column in ("dev_ppl", "bleu", "params", "steps", "tokens_seen", "tokens_per_s", "wall_s"):
         runs[column] = runs[column].map(_metric) if column in runs else math.nan
     runs = runs.sort_values("date", kind="stable") if "date" in runs else runs

@@ -45,7 +45,7 @@ def _metric_text(metric: str, value: float, sd: float = math.nan, signed: bool =
 
 
 def _config_value(column: str, value: object) -> str:
-    """A configuration value as the paper prints it: integers without a decimal point (CSV input may carry 6.0)."""
+    """A configuration value as the paper prints it: integers without a decimal point (pandas may carry 6.0)."""
     if column in ("P_drop", "eps_ls") or not isinstance(value, float) or not value.is_integer():
         return str(value)
     return str(int(value))
