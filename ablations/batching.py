@@ -1,0 +1,101 @@
+"""Token-count batches with length bucketing, and a resumable stream of them.
+
+As in the paper (section 5.1), sentence pairs are batched by approximate length so that each batch
+holds about `max_tokens` source and `max_tokens` target positions, padding included. The order of
+batches is a function of (seed, epoch) alone, so a stream's position is two integers.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ablations.bpe import BOS, EOS, PAD
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Padded tensors for teacher forcing: the decoder reads tgt_in (BOS + y) and predicts tgt_out (y + EOS)."""
+
+    src: Tensor  # (B, S) ids
+    tgt_in: Tensor  # (B, T)
+    tgt_out: Tensor  # (B, T)
+    src_pad: Tensor  # (B, S) bool, True at padding
+    tgt_pad: Tensor  # (B, T)
+    src_tokens: int  # non-pad positions
+    tgt_tokens: int
+
+    def to(self, device: torch.device) -> Batch:
+        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        return Batch(move(self.src), move(self.tgt_in), move(self.tgt_out), move(self.src_pad), move(self.tgt_pad),
+                     self.src_tokens, self.tgt_tokens)
+
+
+def _pad(rows: list[list[int]]) -> Tensor:
+    out = torch.full((len(rows), max(map(len, rows))), PAD, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out
+
+
+def make_batch(src: list[list[int]], tgt: list[list[int]]) -> Batch:
+    """A batch from source ids (already ending in EOS) and bare target ids."""
+    s = _pad(src)
+    t_in, t_out = _pad([[BOS] + t for t in tgt]), _pad([t + [EOS] for t in tgt])
+    return Batch(s, t_in, t_out, s.eq(PAD), t_out.eq(PAD), int(s.ne(PAD).sum()), int(t_out.ne(PAD).sum()))
+
+
+def bucketed_batches(src_lens: list[int], tgt_lens: list[int], max_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length with at most max_tokens padded positions per side
+    (a single longer pair makes a batch of its own); the batch order is shuffled by (seed, epoch)."""
+    rng = random.Random(seed * 1_000_003 + epoch)
+    noise = [rng.random() for _ in src_lens]
+    order = sorted(range(len(src_lens)), key=lambda i: (src_lens[i], tgt_lens[i], noise[i]))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest_src = longest_tgt = 0
+    for i in order:
+        s, t = max(longest_src, src_lens[i]), max(longest_tgt, tgt_lens[i] + 1)  # + 1: BOS / EOS
+        if current and (s * (len(current) + 1) > max_tokens or t * (len(current) + 1) > max_tokens):
+            batches.append(current)
+            current, s, t = [], src_lens[i], tgt_lens[i] + 1
+        current.append(i)
+        longest_src, longest_tgt = s, t
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+class BatchStream:
+    """An endless stream of training batches, epoch after epoch; `position` is all it needs to resume."""
+
+    def __init__(self, src: list[list[int]], tgt: list[list[int]], max_tokens: int, seed: int,
+                 epoch: int = 0, index: int = 0) -> None:
+        self.src, self.tgt, self.max_tokens, self.seed = src, tgt, max_tokens, seed
+        self.src_lens, self.tgt_lens = [len(x) for x in src], [len(y) for y in tgt]
+        self.epoch, self.index = epoch, index
+        self._batches = self._epoch_batches()
+
+    def _epoch_batches(self) -> list[list[int]]:
+        return bucketed_batches(self.src_lens, self.tgt_lens, self.max_tokens, self.seed, self.epoch)
+
+    def seek(self, epoch: int, index: int) -> None:
+        """Continue from a saved position: batch `index` of epoch `epoch`."""
+        if epoch != self.epoch:
+            self.epoch, self._batches = epoch, bucketed_batches(self.src_lens, self.tgt_lens, self.max_tokens, self.seed, epoch)
+        self.index = index
+
+    @property
+    def position(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def next(self) -> Batch:
+        if self.index >= len(self._batches):
+            self.epoch, self.index = self.epoch + 1, 0
+            self._batches = self._epoch_batches()
+        chosen = self._batches[self.index]
+        self.index += 1
+        return make_batch([self.src[i] for i in chosen], [self.tgt[i] for i in chosen])

@@ -1,0 +1,100 @@
+"""How much compute a grid gets: smoke (scaled models, CPU, CI), short (real sizes, one GPU), paper (the paper's recipe).
+
+A budget turns a Table 3 row into the model config and the training settings of one run.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from model.config import TransformerConfig
+from model.table3 import Table3Row, table3_rows
+
+SCALED_FIELDS = ("d_model", "d_ff", "d_k", "d_v")  # divided by Budget.scale; h and N are kept
+
+
+@dataclass(frozen=True)
+class Budget:
+    name: str
+    scale: int  # d_model, d_ff, d_k, d_v are divided by this; 1 = the paper's sizes
+    steps: int | None  # optimizer steps per row; None = the row's own (100K, big 300K)
+    warmup: int  # warmup_steps of the learning-rate schedule (the paper: 4000 of 100K steps)
+    batch_tokens: int  # source (and target) positions per optimizer step (the paper: about 25000)
+    accumulation: int  # micro-batches per optimizer step; each holds batch_tokens / accumulation
+    preset: str  # data preset used unless --preset says otherwise
+    vocab_size: int | None  # shared BPE size; None = the preset's
+    max_train_pairs: int | None  # training pairs kept after shuffling; None = all
+    dev_pairs: int | None  # leading dev pairs scored for PPL and BLEU; None = all
+    max_sentence_tokens: int  # longer training pairs are dropped
+    log_every: int
+    eval_every: int  # dev perplexity logged into metrics.jsonl
+    checkpoint_every: int
+    compile: bool  # torch.compile on a GPU (never on CPU)
+
+    @property
+    def scaled(self) -> bool:
+        return self.scale != 1
+
+    def replace(self, **changes: object) -> Budget:
+        return dataclasses.replace(self, **changes)
+
+
+BUDGETS: dict[str, Budget] = {
+    # Every size / 8, two dozen steps on 4000 Multi30k pairs: the whole grid runs on 2 CPU cores in CI. Far too
+    # little training to translate (BLEU ~0); it shows that every row trains, scores and records. Warmup = steps keeps
+    # the paper's rate d_model^-0.5 * min(...) below 0.03 at d_model=64 (4% of the steps would start at 0.125).
+    "smoke": Budget("smoke", scale=8, steps=24, warmup=24, batch_tokens=400, accumulation=1, preset="multi30k",
+                    vocab_size=1000, max_train_pairs=4000, dev_pairs=100, max_sentence_tokens=64,
+                    log_every=4, eval_every=12, checkpoint_every=8, compile=False),
+    # Real sizes on one GPU, 1% of the paper's base steps for every row (big included): a first look.
+    "short": Budget("short", scale=1, steps=1000, warmup=400, batch_tokens=12000, accumulation=1, preset="news",
+                    vocab_size=None, max_train_pairs=None, dev_pairs=None, max_sentence_tokens=128,
+                    log_every=25, eval_every=250, checkpoint_every=250, compile=True),
+    # The paper's recipe: 100K steps (big 300K) of 25000-token batches, warmup 4000, newstest2013 as dev.
+    "paper": Budget("paper", scale=1, steps=None, warmup=4000, batch_tokens=25000, accumulation=1, preset="wmt14",
+                    vocab_size=None, max_train_pairs=None, dev_pairs=None, max_sentence_tokens=256,
+                    log_every=100, eval_every=5000, checkpoint_every=1000, compile=True),
+}
+
+
+def budget(name: str) -> Budget:
+    if name not in BUDGETS:
+        raise ValueError(f"unknown budget {name!r}; valid budgets: {', '.join(BUDGETS)}")
+    return BUDGETS[name]
+
+
+def row_config(row: Table3Row, b: Budget, vocab_size: int) -> TransformerConfig:
+    """The row's config (base + the row's changes), sizes divided by the budget's scale, the BPE's vocabulary."""
+    cfg = row.config()
+    scaled = {}
+    for name in SCALED_FIELDS:
+        value = getattr(cfg, name)
+        if value % b.scale:
+            raise ValueError(f"row {row.name}: {name}={value} is not divisible by the {b.name} budget's scale {b.scale}")
+        scaled[name] = value // b.scale
+    return cfg.replace(**scaled, vocab_size=vocab_size)
+
+
+def row_steps(row: Table3Row, b: Budget) -> int:
+    return b.steps if b.steps is not None else row.train_steps
+
+
+def select_rows(text: str) -> list[Table3Row]:
+    """'all', or a comma list of row names (A2) and groups (A = A1..A4), in the paper's order."""
+    rows = table3_rows()
+    if text.strip() == "all":
+        return rows
+    names = {r.name for r in rows}
+    wanted: set[str] = set()
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        group = [r.name for r in rows if r.group == item]
+        if item in names:
+            wanted.add(item)
+        elif group:
+            wanted.update(group)
+        else:
+            groups = sorted({r.group for r in rows if r.group not in names})
+            raise ValueError(f"unknown row {item!r}; valid rows: all, {', '.join(r.name for r in rows)}; groups: {', '.join(groups)}")
+    if not wanted:
+        raise ValueError("no rows selected; give --rows all or names such as base,A,C3")
+    return [r for r in rows if r.name in wanted]

@@ -1,0 +1,58 @@
+"""Scoring on the dev set: perplexity per BPE token without smoothing, and BLEU of beam-search output.
+
+BLEU is sacreBLEU's corpus BLEU on detokenised text with its default 13a tokenisation (signature
+recorded), plus a "tokenised" column with tokenize='intl' (mteval-v14 international tokenisation,
+which splits punctuation and compound hyphens off words): closer to the paper's tokenised
+multi-bleu.perl with ##AT##-##AT## compound splitting, but not identical to it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import sentencepiece as spm
+import torch
+from sacrebleu.metrics import BLEU
+
+from ablations.batching import bucketed_batches, make_batch
+from ablations.decoding import translate
+from model.objective import label_smoothed_loss
+
+
+@torch.no_grad()
+def perplexity(model, src: list[list[int]], tgt: list[list[int]], device: torch.device, max_tokens: int = 4000,
+               autocast: torch.dtype | None = None) -> float:
+    """exp(mean negative log-likelihood per target BPE token, EOS included), with no label smoothing."""
+    model.eval()
+    total_nll, total_tokens = 0.0, 0
+    for chosen in bucketed_batches([len(x) for x in src], [len(y) for y in tgt], max_tokens, seed=0, epoch=0):
+        batch = make_batch([src[i] for i in chosen], [tgt[i] for i in chosen]).to(device)
+        with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            logits = model(batch.src, batch.tgt_in, batch.src_pad, batch.tgt_pad)
+        mean_nll = label_smoothed_loss(logits if autocast is None else logits.float(), batch.tgt_out, model.config.pad_id, 0.0)
+        total_nll += mean_nll.item() * batch.tgt_tokens
+        total_tokens += batch.tgt_tokens
+    return math.exp(total_nll / total_tokens)
+
+
+@dataclass(frozen=True)
+class BleuScores:
+    bleu: float  # sacreBLEU 13a on detokenised text
+    bleu_tokenized: float  # sacreBLEU tokenize='intl'
+    signature: str
+    hypotheses: list[str]
+
+
+def bleu(hypotheses: list[str], references: list[str]) -> BleuScores:
+    standard, tokenized = BLEU(), BLEU(tokenize="intl")
+    score = standard.corpus_score(hypotheses, [references])
+    score_tok = tokenized.corpus_score(hypotheses, [references])
+    signature = f"{standard.get_signature()} | tokenized column: {tokenized.get_signature()}"
+    return BleuScores(score.score, score_tok.score, signature, hypotheses)
+
+
+def dev_bleu(model, sp: spm.SentencePieceProcessor, src: list[list[int]], references: list[str], device: torch.device,
+             beam: int = 4, alpha: float = 0.6, extra_len: int = 50, autocast: torch.dtype | None = None) -> BleuScores:
+    """Beam-search the dev sources, detokenise with the BPE model, score against the raw references."""
+    hyps = translate(model, src, device, beam=beam, alpha=alpha, extra_len=extra_len, autocast=autocast)
+    return bleu(sp.decode(hyps), references)

@@ -1,0 +1,176 @@
+"""The Table 3 grid: for every selected row and seed, build the model a spec names, train it, score it, record it.
+
+Re-running a grid skips finished (and diverged) runs, resumes unfinished ones from their checkpoint,
+retries failed ones up to `max_attempts` times in all, and never overwrites a finished result.
+"""
+from __future__ import annotations
+
+import datetime
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import sentencepiece as spm
+import torch
+from tqdm.auto import tqdm
+
+from ablations import runs as R
+from ablations.batching import BatchStream
+from ablations.bpe import bpe_key, encode, shared_bpe
+from ablations.budgets import Budget, row_config, row_steps
+from ablations.data import PRESETS, load_corpus
+from ablations.evaluate import dev_bleu, perplexity
+from ablations.train import Diverged, TrainSettings, train
+from model import TransformerConfig, count_parameters, load_model
+from model.table3 import Table3Row
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}  # dense, per GPU
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """What every row of a grid shares: the BPE model and the encoded training and dev sets."""
+
+    preset: str
+    sp: spm.SentencePieceProcessor
+    bpe_key: str
+    train_src: list[list[int]]
+    train_tgt: list[list[int]]
+    dev_src: list[list[int]]
+    dev_tgt: list[list[int]]
+    dev_refs: list[str]
+    summary: str
+
+
+def prepare_data(b: Budget, preset: str, data: Path, runs: Path) -> PreparedData:
+    """Read the preset, train or load the shared BPE, encode; training pairs longer than the budget allows are dropped."""
+    corpus = load_corpus(preset, data, b.max_train_pairs, b.dev_pairs)
+    vocab = b.vocab_size or PRESETS[preset].vocab_size
+    sp = shared_bpe(corpus.train, vocab, runs / "cache")
+    src, tgt = encode(sp, corpus.train)
+    keep = [i for i in range(len(src)) if len(src[i]) <= b.max_sentence_tokens and len(tgt[i]) < b.max_sentence_tokens]
+    dev_src, dev_tgt = encode(sp, corpus.dev)
+    summary = (f"{preset}: {len(keep)} training pairs ({corpus.removed_overlap} removed for sharing a sentence with dev/test, "
+               f"{len(src) - len(keep)} longer than {b.max_sentence_tokens} tokens), {len(dev_src)} dev pairs, BPE {vocab}")
+    return PreparedData(preset, sp, bpe_key(corpus.train, vocab), [src[i] for i in keep], [tgt[i] for i in keep],
+                        dev_src, dev_tgt, list(corpus.dev.tgt), summary)
+
+
+def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: int | None = None) -> TrainSettings:
+    gpu = device.type == "cuda"
+    return TrainSettings(
+        steps=row_steps(row, b), warmup=b.warmup, batch_tokens=b.batch_tokens, accumulation=accumulation or b.accumulation,
+        max_sentence_tokens=b.max_sentence_tokens, log_every=b.log_every, eval_every=b.eval_every,
+        checkpoint_every=b.checkpoint_every, precision="bf16" if gpu else "fp32", compile=b.compile and gpu,
+    )
+
+
+def spec_for(spec: str, cfg: TransformerConfig) -> str:
+    """The user's spec with every field of the row's config appended as an override (later overrides win)."""
+    return ",".join([spec, *(f"{k}={v}" for k, v in cfg.to_dict().items())])
+
+
+@dataclass(frozen=True)
+class Grid:
+    budget: Budget
+    rows: list[Table3Row]
+    seeds: list[int]
+    model_spec: str
+    runs: Path
+    device: torch.device
+    accumulation: int | None = None
+    max_attempts: int = 3
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """bf16 dense peak of a known GPU; None on CPU or an unknown GPU (then MFU is not reported)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except OSError:
+        return None
+    return out.stdout.strip() or None
+
+
+def run_one(grid: Grid, row: Table3Row, seed: int, data: PreparedData,
+            on_step: Callable[[int], None] | None = None) -> tuple[Path, str]:
+    """Train and score one row with one seed unless its result is already final; returns (run dir, status)."""
+    b = grid.budget
+    cfg = row_config(row, b, data.sp.get_piece_size())
+    settings = settings_for(row, b, grid.device, grid.accumulation)
+    header = {"row": row.name, "group": row.group, "seed": seed, "budget": b.name, "preset": data.preset,
+              "scaled": b.scaled, "model_spec": grid.model_spec}
+    identity = {**header, "config": cfg.to_dict(), "train": settings.to_dict(),
+                "data": {"bpe": data.bpe_key, "max_train_pairs": b.max_train_pairs, "dev_pairs": b.dev_pairs}}
+    directory = R.run_dir(grid.runs, b.name, row.name, seed, identity)
+    before = R.status(directory)
+    if before in ("finished", "diverged") or (before == "failed" and R.failed_attempts(directory) >= grid.max_attempts):
+        return directory, before
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / R.FINAL).unlink(missing_ok=True)  # only a failed result reaches here: it is retried
+    R.write_json(directory / R.CONFIG, identity)
+    final = {**header, "status": "finished", "error": None, "dev_ppl": None, "bleu": None, "bleu_tokenized": None,
+             "sacrebleu_signature": None, "params": None, "steps": 0, "tokens_seen": 0, "wall_s": None,
+             "tokens_per_s": None, "mfu": None, "device": describe_device(grid.device), "torch": torch.__version__,
+             "commit": git_commit(), "date": None, "config": cfg.to_dict()}
+    try:
+        torch.manual_seed(seed)
+        model = load_model(spec_for(grid.model_spec, cfg)).to(grid.device)
+        counts = count_parameters(model.parameter_groups())
+        final["params"] = counts["total"]
+        stream = BatchStream(data.train_src, data.train_tgt, settings.micro_tokens, seed)
+        label = f"{row.name} s{seed}"
+        state = train(model, settings, stream, (data.dev_src, data.dev_tgt), directory, grid.device, label, on_step)
+        final.update(steps=state.step, tokens_seen=state.tokens_seen, wall_s=state.wall_s,
+                     tokens_per_s=state.tokens_seen / state.wall_s if state.wall_s else None)
+        peak = peak_flops(grid.device)
+        if peak and final["tokens_per_s"]:  # 6 x params x tokens, about half of them source and half target
+            dense = counts["encoder"] + counts["decoder"] + cfg.d_model * cfg.vocab_size
+            final["mfu"] = 6 * dense * final["tokens_per_s"] / 2 / peak
+        started = time.perf_counter()
+        final["dev_ppl"] = perplexity(model, data.dev_src, data.dev_tgt, grid.device, settings.micro_tokens, settings.autocast)
+        scores = dev_bleu(model, data.sp, data.dev_src, data.dev_refs, grid.device, settings.beam, settings.alpha,
+                          settings.extra_len, settings.autocast)
+        final.update(bleu=scores.bleu, bleu_tokenized=scores.bleu_tokenized, sacrebleu_signature=scores.signature,
+                     eval_s=time.perf_counter() - started)
+        R.write_atomic(directory / "dev_hypotheses.txt", "".join(h + "\n" for h in scores.hypotheses))
+    except Diverged as exc:
+        final.update(status="diverged", error=str(exc), steps=exc.step)
+    except Exception as exc:  # noqa: BLE001 - one row's failure must not stop the grid; it is recorded and retried
+        error = " ".join(f"{type(exc).__name__}: {exc}".split())
+        final.update(status="failed", error=error)
+        R.record_failure(directory, error)
+    final["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    final = {k: R.finite_or_none(v) if isinstance(v, float) else v for k, v in final.items()}
+    R.write_json(directory / R.FINAL, final)
+    return directory, final["status"]
+
+
+def run_grid(grid: Grid, data: PreparedData) -> list[tuple[Path, str]]:
+    """Every (row, seed) in the paper's order under one progress bar; returns each run's directory and status."""
+    jobs = [(row, seed) for row in grid.rows for seed in grid.seeds]
+    outcomes = []
+    with tqdm(jobs, desc=f"grid {grid.budget.name}", unit="run", dynamic_ncols=True) as bar:
+        for row, seed in bar:
+            bar.set_postfix(row=row.name, seed=seed)
+            directory, status = run_one(grid, row, seed, data)
+            final = R.read_json(directory / R.FINAL) or {}
+            tqdm.write(f"{row.name:>4} s{seed}: {status:<8} dev_ppl={final.get('dev_ppl')} bleu={final.get('bleu')} "
+                       f"params={final.get('params')}  {directory}")
+            outcomes.append((directory, status))
+    return outcomes

@@ -1,0 +1,150 @@
+"""Training and run bookkeeping: accumulation, checkpoints, divergence, bounded retries, the CLI's one-line errors."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from ablations import runs as R
+from ablations.__main__ import main
+from ablations.batching import make_batch
+from ablations.budgets import BUDGETS, select_rows
+from ablations.grid import Grid, prepare_data, run_grid, run_one
+from ablations.train import TrainState, load_checkpoint, make_optimizer, save_checkpoint, train_step
+from model import Transformer, TransformerConfig
+
+REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+needs_data = pytest.mark.skipif(not REAL_DATA.is_dir(), reason="needs ../shared/data")
+TINY = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=30, max_len=32, P_drop=0.0)
+# A few Multi30k pairs, a 150-token BPE and 3 steps: enough to exercise the run bookkeeping in seconds.
+TINY_BUDGET = BUDGETS["smoke"].replace(steps=3, warmup=3, max_train_pairs=200, vocab_size=150, dev_pairs=6,
+                                       log_every=1, eval_every=3, checkpoint_every=2)
+
+
+class NanAfterTwoSteps(Transformer):
+    """The reference model whose loss turns NaN from the third call on: a stand-in for a diverging run."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__(config)
+        self.calls = 0
+
+    def loss(self, logits, target):
+        self.calls += 1
+        loss = super().loss(logits, target)
+        return loss * math.nan if self.calls > 2 else loss
+
+
+def nan_loss_model(config: TransformerConfig) -> Transformer:
+    return NanAfterTwoSteps(config)
+
+
+def broken_model(config: TransformerConfig) -> Transformer:
+    raise RuntimeError("cannot build this model")
+
+
+def toy_batches(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    src = [torch.randint(4, 30, (n,), generator=g).tolist() + [3] for n in (5, 3, 7)]
+    tgt = [torch.randint(4, 30, (n,), generator=g).tolist() for n in (4, 6, 2)]
+    return src, tgt
+
+
+def test_accumulated_micro_batches_give_the_loss_and_gradient_of_one_batch_holding_them_all():
+    # float64: both paths sum the same per-token gradients in a different order, so they agree to ~1e-16 of
+    # gradients of size ~1e-2. Gradients are compared, not updated weights: Adam's first step is g / (|g| + eps),
+    # which turns a 1e-17 difference in a near-zero gradient into a visible one.
+    src, tgt = toy_batches(0)
+    torch.manual_seed(0)
+    whole, split = Transformer(TINY).double(), Transformer(TINY).double()
+    split.load_state_dict(whole.state_dict())
+    opt_whole, opt_split = make_optimizer(whole, torch.device("cpu")), make_optimizer(split, torch.device("cpu"))
+    loss_whole = train_step(whole, whole.loss, opt_whole, [make_batch(src, tgt)], lr=1e-3)
+    loss_split = train_step(split, split.loss, opt_split, [make_batch(src[:1], tgt[:1]), make_batch(src[1:], tgt[1:])], lr=1e-3)
+    assert loss_split == pytest.approx(loss_whole, rel=1e-12)
+    for a, b in zip(whole.parameters(), split.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-14)
+
+
+def test_optimizer_is_the_papers_adam():
+    opt = make_optimizer(Transformer(TINY), torch.device("cpu"))
+    assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-9
+
+
+def test_a_checkpoint_restores_weights_optimizer_and_random_state(tmp_path):
+    src, tgt = toy_batches(1)
+    model = Transformer(TINY.replace(P_drop=0.1))
+    opt = make_optimizer(model, torch.device("cpu"))
+    train_step(model, model.loss, opt, [make_batch(src, tgt)], lr=1e-3)
+    progress = TrainState(step=1, tokens_seen=37, wall_s=0.5, epoch=0, index=1)
+    save_checkpoint(tmp_path / "ckpt.pt", model, opt, progress)
+    expected_draw = torch.rand(3)
+    other = Transformer(TINY.replace(P_drop=0.1))
+    other_opt = make_optimizer(other, torch.device("cpu"))
+    state = load_checkpoint(tmp_path / "ckpt.pt", other, other_opt)
+    assert state == progress
+    torch.testing.assert_close(torch.rand(3), expected_draw, rtol=0, atol=0)
+    for a, b in zip(model.state_dict().values(), other.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert other_opt.state_dict()["state"][0]["step"] == 1
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    if not REAL_DATA.is_dir():
+        pytest.skip("needs ../shared/data")
+    runs = tmp_path_factory.mktemp("tiny-runs")
+    return runs, prepare_data(TINY_BUDGET, "multi30k", REAL_DATA, runs)
+
+
+def grid_of(runs, spec: str, rows: str = "base") -> Grid:
+    return Grid(TINY_BUDGET, select_rows(rows), [1], spec, runs, torch.device("cpu"), max_attempts=2)
+
+
+@needs_data
+def test_a_diverging_run_is_recorded_as_diverged_and_the_grid_goes_on(tiny_data):
+    runs, data = tiny_data
+    outcomes = run_grid(grid_of(runs / "nan", "tests.test_ablations_train:nan_loss_model", "base,A1"), data)
+    assert [status for _, status in outcomes] == ["diverged", "diverged"]
+    final = R.read_json(outcomes[0][0] / R.FINAL)
+    assert final["steps"] == 3 and "diverged at step 3" in final["error"] and final["dev_ppl"] is None
+    table = R.results_table(runs / "nan")
+    assert len(table) == 2 and table["dev_ppl"].isna().all()
+
+
+@needs_data
+def test_a_failed_run_is_retried_a_bounded_number_of_times(tiny_data):
+    runs, data = tiny_data
+    grid = grid_of(runs / "broken", "tests.test_ablations_train:broken_model")
+    row = select_rows("base")[0]
+    directory, status = run_one(grid, row, 1, data)
+    assert status == "failed" and "cannot build this model" in R.read_json(directory / R.FINAL)["error"]
+    assert run_one(grid, row, 1, data) == (directory, "failed")
+    assert R.failed_attempts(directory) == 2
+    run_one(grid, row, 1, data)  # max_attempts=2 reached: not tried again
+    assert R.failed_attempts(directory) == 2
+
+
+@needs_data
+def test_a_finished_run_is_never_run_again_or_overwritten(tiny_data):
+    runs, data = tiny_data
+    grid = grid_of(runs / "done", "reference")
+    directory, status = run_one(grid, select_rows("base")[0], 1, data)
+    assert status == "finished"
+    before = {name: (directory / name).read_bytes() for name in (R.FINAL, R.METRICS, R.CHECKPOINT)}
+    assert run_one(grid, select_rows("base")[0], 1, data) == (directory, "finished")
+    assert before == {name: (directory / name).read_bytes() for name in before}
+    logged = [json.loads(line) for line in (directory / R.METRICS).read_text().splitlines()]
+    assert [r["step"] for r in logged] == [1, 2, 3] and "dev_ppl" in logged[-1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--model", "nonsense"], "error: unknown model 'nonsense'; registered: reference, torch-nn, mutant"),
+    (["run", "--rows", "base,Z9"], "error: unknown row 'Z9'; valid rows: all, base, A1"),
+    (["run", "--rows", "base", "--data", "/nowhere/at/all"], "error: data folder /nowhere/at/all not found"),
+    (["run", "--seeds", "one"], "error: --seeds 'one': give seed numbers"),
+])
+def test_cli_errors_are_one_line_with_exit_status_2(argv, message, capsys, tmp_path):
+    assert main([*argv, "--runs", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1
