@@ -49,6 +49,7 @@ class Parts:
     norm: NormFactory = nn.LayerNorm
     dropout: DropoutFactory = nn.Dropout
     tie_embeddings: bool = True  # honoured where config.share_embeddings
+    embed_scale: Callable[[int], float] = embedding_scale  # d_model -> the factor on token embeddings
     loss: Callable[[Tensor, Tensor, int, float], Tensor] = label_smoothed_loss
 
 
@@ -83,10 +84,10 @@ class Transformer(nn.Module):
 
     # -- the forward computation ---------------------------------------------------------------
     def embed(self, ids: Tensor) -> Tensor:
-        return self.tgt_embed(ids) * embedding_scale(self.config.d_model)
+        return self.tgt_embed(ids) * self.parts.embed_scale(self.config.d_model)
 
     def encode(self, src: Tensor, src_pad: Tensor) -> Tensor:
-        x = self.dropout(self.pe(self.src_embed(src) * embedding_scale(self.config.d_model)))
+        x = self.dropout(self.pe(self.src_embed(src) * self.parts.embed_scale(self.config.d_model)))
         allowed = self.parts.key_mask(src_pad)
         for layer in self.encoder:
             x = layer(x, allowed)

@@ -1,0 +1,23 @@
+"""The invariants suite: properties of the paper's design, checked on any model and proven able to fail.
+
+    from invariants import run_suite, causal_future_tokens
+    causal_future_tokens("reference")          # one property -> Result(verdict, worst_error, tolerance, ...)
+    run_suite("torch-nn")                       # every property, in the issue's order
+
+`python -m invariants --model SPEC` runs the suite and writes reports/invariants/<model>.md and .json.
+"""
+from invariants.behaviour import (
+    attention_scaling, batch_independence, dropout_active, embedding_scaling, eval_determinism, fast_equals_explicit,
+    gradients_reach_all, padding_invariance,
+)
+from invariants.causal import cached_decoding, causal_future_probs, causal_future_tokens, causal_jacobian
+from invariants.engine import Property, Result
+from invariants.objective import loss_eps_zero_is_nll, loss_pad_normalisation, loss_smoothed_minimum, lr_schedule
+from invariants.params import params_base, params_table3, params_tied_embeddings
+from invariants.permutation import permutation_cross_attention, permutation_encoder, permutation_positive_control
+from invariants.positional import pe_exact_values, pe_relative_linearity
+from invariants.softmax import fully_padded_rows, padding_probs_zero, softmax_rows
+from invariants.subject import Subject
+from invariants.suite import PROPERTIES, run_suite
+
+__all__ = ["PROPERTIES", "Property", "Result", "Subject", "run_suite", *(p.name for p in PROPERTIES)]

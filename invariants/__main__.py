@@ -1,0 +1,109 @@
+"""`python -m invariants --model SPEC`: check the paper's invariants on a model and write its report.
+
+Exit status: 0 when no property fails, 1 when one does, 2 for a bad spec or option (one line on stderr).
+`--kill-matrix` runs every mutant instead and writes reports/invariants/kill_matrix.{json,md}.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import shlex
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from invariants import killmatrix, profiles, report
+from invariants.engine import FAIL
+from invariants.mutants import MUTANTS
+from invariants.suite import PROPERTIES, run_suite, select
+from model.registry import SpecError, default_spec
+
+DEFAULT_OUT = Path("reports/invariants")
+
+
+def parse_replay(text: str) -> tuple[str, bytes]:
+    """"@reproduce_failure('6.170.15', b'AXic...')" -> ('6.170.15', b'AXic...')."""
+    match = re.fullmatch(r"\s*@?reproduce_failure\((.*)\)\s*", text)
+    try:
+        version, blob = ast.literal_eval(f"({match.group(1)})")
+        assert isinstance(version, str) and isinstance(blob, bytes)
+    except Exception:
+        raise ValueError(f"--replay {text!r} is not a line @reproduce_failure('VERSION', b'BLOB') from a report") from None
+    return version, blob
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m invariants", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="model spec (default: $AIAYN_MODEL or reference); see README")
+    p.add_argument("--profile", default=None, choices=list(profiles.EXAMPLES),
+                   help="hypothesis profile (default: $HYPOTHESIS_PROFILE if one of these, else ci: derandomized)")
+    p.add_argument("--seed", type=int, default=None, help="hypothesis seed for the random profiles (dev, thorough)")
+    p.add_argument("--only", default="", help="comma-separated property names (default: all; --list shows them)")
+    p.add_argument("--replay", default=None, help="a @reproduce_failure(...) line from a report, with --only NAME")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"report folder (default: {DEFAULT_OUT})")
+    p.add_argument("--kill-matrix", action="store_true", help="run every mutant and write the kill matrix")
+    p.add_argument("--mutant-overrides", default="", help="config overrides for the mutants, e.g. N=1,d_model=16")
+    p.add_argument("--fresh", action="store_true", help="with --kill-matrix: recompute mutant reports already on disk")
+    p.add_argument("--list", action="store_true", help="list the properties and mutants, then exit")
+    return p
+
+
+def list_all() -> None:
+    for prop in PROPERTIES:
+        print(f"{prop.group.split()[0]:>2}  {prop.name:<30} {prop.description}")
+    print()
+    for name, mutant in MUTANTS.items():
+        print(f"mutant:{name:<26} {mutant.bug}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.list:
+        list_all()
+        return 0
+    warnings.filterwarnings("ignore", message="enable_nested_tensor is True")  # torch.nn's note on odd head counts
+    profile_name = args.profile or profiles.default_name()
+    command = ("python -m invariants " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
+    try:
+        settings = profiles.profile(profile_name)
+        properties = select([n.strip() for n in args.only.split(",") if n.strip()])
+        replay = parse_replay(args.replay) if args.replay else None
+        if replay and len(properties) != 1:
+            raise ValueError("--replay needs --only with exactly one property (the one the line came from)")
+        if args.kill_matrix:
+            return kill_matrix(args, settings, profile_name, command)
+        spec = args.model or default_spec()
+        start = time.perf_counter()
+        results = run_suite(spec, properties, settings, args.seed, replay, progress=True)
+    except (SpecError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    seconds = time.perf_counter() - start
+    print(report.summary_table(results))
+    doc = report.document(spec, results, profile_name, command, seconds)
+    json_path, md_path = report.write(doc, args.out)
+    failed = [r for r in results if r.verdict == FAIL]
+    for r in failed:
+        print(f"\nFAIL {r.name}: {r.reason}\n  replay: {r.reproduce}")
+    counts = doc["verdicts"]
+    print(f"\n{spec}: {counts['pass']} pass, {counts['fail']} fail, {counts['not_applicable']} not applicable "
+          f"in {seconds:.0f} s (profile {profile_name}); report {md_path} and {json_path}")
+    return 1 if failed else 0
+
+
+def kill_matrix(args: argparse.Namespace, settings, profile_name: str, command: str) -> int:
+    docs = killmatrix.run_mutants(args.out, settings, profile_name, args.mutant_overrides, args.fresh, command)
+    kill = killmatrix.matrix(docs, command)
+    json_path, md_path = killmatrix.write(kill, args.out)
+    missed = [m for m, caught in kill["caught"].items() if not caught]
+    print(f"{len(kill['mutants']) - len(missed)} of {len(kill['mutants'])} mutants caught; {md_path} and {json_path}")
+    if missed:
+        print(f"not caught: {', '.join(missed)}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Invariant 1: the decoder cannot see the future, checked three ways, and cached decoding equals the full pass.
+
+Each runs in eval mode and in train mode with dropout active under a fixed seed, with and without
+padding, and with and without attention probabilities requested (real leaks in torch and keras
+hid on exactly such paths).
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch import Tensor
+
+from invariants import tolerances as tol
+from invariants.cases import Case, batch_cases, pinned_cases
+from invariants.engine import invariant
+from invariants.subject import Batch, Subject, relative_error, seeded
+
+GROUP = "1 causal mask"
+
+
+def capturing(model, on: bool):
+    """The model's attention capture when on, else a no-op yielding an empty list."""
+    return model.attention_probs() if on else nullcontext([])
+
+
+def exact_difference(a: Tensor, b: Tensor) -> float:
+    """max |a - b|, or inf when either holds NaN or Inf."""
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        return float("inf")
+    return (a - b).abs().max().item() if a.numel() else 0.0
+
+
+def future_changed(subject: Subject, case: Case, batch: Batch, j: int) -> Tensor:
+    """The target with every non-pad token at positions >= j replaced by a different non-pad token."""
+    cfg = subject.model(case.config).config
+    gen = torch.Generator().manual_seed(case.seed + 1)
+    index = batch.tgt - (batch.tgt > cfg.pad_id).long()  # position among the vocab_size - 1 non-pad ids
+    shift = torch.randint(1, cfg.vocab_size - 1, index.shape, generator=gen)
+    shifted = (index + shift) % (cfg.vocab_size - 1)
+    fresh = shifted + (shifted >= cfg.pad_id).long()
+    future = torch.zeros_like(batch.tgt_pad)
+    future[:, j:] = True
+    return torch.where(future & ~batch.tgt_pad, fresh, batch.tgt)
+
+
+@invariant(GROUP, tol.CAUSAL_FUTURE, pinned=lambda s: pinned_cases(s), cases=lambda s: batch_cases(s, min_tgt=2))
+def causal_future_tokens(subject: Subject, case: Case) -> float:
+    """Changing the target tokens at positions >= j leaves the logits at positions < j bit-identical (float64)."""
+    model, batch = subject.model(case.config), case.make_batch(subject)
+    j = 1 + case.seed % (case.tgt_len - 1)
+    model.train(case.train)
+    outputs = []
+    for tgt in (batch.tgt, future_changed(subject, case, batch, j)):
+        with seeded(case.seed), capturing(model, case.capture):  # the same seed draws the same dropout masks
+            outputs.append(model(batch.src, tgt, batch.src_pad, batch.tgt_pad))
+    return exact_difference(outputs[0][:, :j], outputs[1][:, :j])
+
+
+@invariant(GROUP, tol.EXACT, pinned=lambda s: pinned_cases(s), cases=lambda s: batch_cases(s, min_tgt=2))
+def causal_jacobian(subject: Subject, case: Case) -> float:
+    """In float64, the gradient of the logits at positions < j with respect to the target embeddings at positions >= j is exactly 0.
+
+    Measured as a vector-Jacobian product with a random cotangent on the logits before j: zero iff the
+    Jacobian block is zero (a nonzero block gives a nonzero product with probability 1).
+    """
+    model, batch = subject.model(case.config), case.make_batch(subject)
+    j = 1 + case.seed % (case.tgt_len - 1)
+    model.train(case.train)
+    with torch.enable_grad(), seeded(case.seed), capturing(model, case.capture):
+        memory = model.encode(batch.src, batch.src_pad).detach()
+        x = model.embed(batch.tgt).detach().requires_grad_(True)
+        logits = model.decode(x, memory, batch.src_pad, batch.tgt_pad)[:, :j]
+        if not torch.isfinite(logits).all():
+            return float("inf")
+        cotangent = torch.randn(logits.shape, generator=torch.Generator().manual_seed(case.seed), dtype=logits.dtype)
+        (grad,) = torch.autograd.grad((logits * cotangent).sum(), x)
+    return grad[:, j:].abs().max().item()
+
+
+@invariant(GROUP, tol.EXACT, pinned=lambda s: pinned_cases(s, capture=(True,)),
+           cases=lambda s: batch_cases(s, capture=True, min_tgt=2), needs=("attention_probs",))
+def causal_future_probs(subject: Subject, case: Case) -> float:
+    """Captured decoder self-attention probabilities on future positions are exactly 0."""
+    model, batch = subject.model(case.config), case.make_batch(subject)
+    model.train(case.train)
+    with seeded(case.seed), model.attention_probs() as records:
+        batch.forward(model)
+    selfs = [r.probs for r in records if r.kind == "decoder_self"]
+    if not selfs:
+        raise ValueError("attention_probs() captured no decoder_self records")
+    T = case.tgt_len
+    future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
+    return max(p[..., future].abs().max().item() if future.any() else 0.0 for p in selfs)
+
+
+@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=lambda s: pinned_cases(s, train=(False,), tgt_len=5),
+           cases=lambda s: batch_cases(s, train=False), needs=("kv_cache",))
+def cached_decoding(subject: Subject, case: Case) -> float:
+    """Incremental decoding with the KV cache, in random chunks, gives the logits of one full forward pass."""
+    model, batch = subject.model(case.config), case.make_batch(subject)
+    model.eval()
+    no_pad = torch.zeros_like(batch.tgt_pad)  # the cache assumes right padding: target rows are full here
+    with capturing(model, case.capture):
+        memory = model.encode(batch.src, batch.src_pad)
+        full = model.decode(batch.tgt, memory, batch.src_pad, no_pad)
+        cache, steps, t = model.new_cache(), [], 0
+        gen = torch.Generator().manual_seed(case.seed)
+        while t < case.tgt_len:
+            n = int(torch.randint(1, case.tgt_len - t + 1, (1,), generator=gen))
+            steps.append(model.decode(batch.tgt[:, t:t + n], memory, batch.src_pad, no_pad[:, t:t + n], cache))
+            t += n
+    return relative_error(torch.cat(steps, dim=1), full)

@@ -1,0 +1,155 @@
+"""How an invariant runs: hypothesis draws the cases, the check measures an error, the tolerance gives the verdict.
+
+An invariant is a plain function check(subject, case) -> measured error, wrapped by `@invariant` into
+a `Property` that you call with a model spec: `causal_future_tokens("reference")` returns a `Result`.
+Pinned cases (the spec's own config, e.g. the 65M base model, on small shapes) run first as
+hypothesis @example's; then hypothesis draws cases (random small configs, shapes, padding, seeds).
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Union
+
+import hypothesis
+import torch
+from hypothesis import HealthCheck, example, given
+from hypothesis import strategies as st
+
+from invariants.subject import Factory, Subject
+from invariants.tolerances import Tolerance
+
+PASS, FAIL, NOT_APPLICABLE = "pass", "fail", "not_applicable"
+
+
+class Violation(AssertionError):
+    """A case whose measured error breaks the tolerance."""
+
+
+@dataclass
+class Result:
+    """One property's verdict on one model, as written to the report."""
+
+    name: str
+    group: str
+    description: str
+    verdict: str  # pass | fail | not_applicable
+    worst_error: float | None  # the largest error measured (the smallest, for an at_least bound)
+    tolerance: float
+    bound: str  # at_most | at_least
+    tolerance_reason: str
+    examples: int  # cases evaluated, pinned and drawn (and shrinking steps after a failure)
+    reason: str = ""  # why it failed or is not applicable
+    reproduce: str = ""  # the command (and @reproduce_failure line) that replays a failure
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if d["worst_error"] is not None and d["worst_error"] in (float("inf"), float("-inf")):
+            d["worst_error"] = str(d["worst_error"])  # JSON has no Infinity
+        return d
+
+
+@dataclass(frozen=True)
+class Property:
+    """A named invariant: its check, its tolerance, the cases it runs on, and the capabilities it needs."""
+
+    name: str
+    group: str  # the issue's item, e.g. "1 causal mask"
+    description: str
+    check: Callable[[Subject, Any], float | tuple[float, str]]  # the error, or (error, a note for the report)
+    tolerance: Tolerance
+    pinned: Callable[[Subject], list] = lambda subject: []
+    cases: Callable[[Subject], st.SearchStrategy] | None = None
+    needs: tuple[str, ...] = ()
+    applicable: Callable[[Subject], str | None] = field(default=lambda subject: None)
+
+    def __call__(self, model: Union[str, Factory, Subject], settings: hypothesis.settings | None = None,
+                 seed: int | None = None, replay: tuple[str, bytes] | None = None) -> Result:
+        return run(self, model if isinstance(model, Subject) else Subject(model), settings, seed, replay)
+
+
+def invariant(group: str, tolerance: Tolerance, pinned: Callable[[Subject], list] = lambda s: [],
+              cases: Callable[[Subject], st.SearchStrategy] | None = None, needs: tuple[str, ...] = (),
+              applicable: Callable[[Subject], str | None] = lambda s: None) -> Callable[[Callable], Property]:
+    """Turn check(subject, case) -> error into a Property named after the function; its docstring's first line describes it."""
+    def wrap(check: Callable[[Subject, Any], float]) -> Property:
+        description = (check.__doc__ or "").strip().splitlines()[0]
+        return Property(check.__name__, group, description, check, tolerance, pinned, cases, needs, applicable)
+    return wrap
+
+
+def suite_settings(parent: hypothesis.settings | None = None) -> hypothesis.settings:
+    """The profile's settings with what torch checks need: no deadline, no shared database, blobs printed."""
+    return hypothesis.settings(
+        parent or hypothesis.settings(), deadline=None, database=None, print_blob=True, report_multiple_bugs=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
+def run(prop: Property, subject: Subject, settings: hypothesis.settings | None = None, seed: int | None = None,
+        replay: tuple[str, bytes] | None = None) -> Result:
+    """Run one property against one subject and return its Result (never raises for a model's failure)."""
+    start = time.perf_counter()
+    tol = prop.tolerance
+    result = Result(prop.name, prop.group, prop.description, PASS, None, tol.value, tol.bound, tol.reason, 0)
+    why_not = subject.lacks(*prop.needs) or prop.applicable(subject)
+    if why_not:
+        result.verdict, result.reason = NOT_APPLICABLE, why_not
+        return result
+
+    notes: set[str] = set()
+
+    def body(case: Any) -> None:
+        with torch.no_grad():  # checks that need gradients ask for them with torch.enable_grad()
+            measured = prop.check(subject, case)
+        error, note = measured if isinstance(measured, tuple) else (measured, "")
+        error = float(error)
+        if note:
+            notes.add(note)
+        result.examples += 1
+        if result.worst_error is None or _worse(error, result.worst_error, tol):
+            result.worst_error = error
+        if tol.violated(error):
+            raise Violation(f"error {error:.3g} breaks the tolerance ({tol.bound} {tol.value:g}) on {case!r}")
+
+    settings = suite_settings(settings)
+    if seed is None and not settings.derandomize:
+        seed = random.getrandbits(32)
+    command = f"python -m invariants --model '{subject.spec}' --only {prop.name}"
+    command += " --profile ci" if settings.derandomize else f" --seed {seed}"
+    try:
+        if prop.cases is None:  # a fixed set of cases: nothing for hypothesis to draw
+            for case in prop.pinned(subject):
+                body(case)
+        else:
+            test = given(case=prop.cases(subject))(body)
+            for case in reversed(prop.pinned(subject)):
+                test = example(case=case)(test)
+            test = settings(test)
+            if not settings.derandomize:
+                test = hypothesis.seed(seed)(test)
+            if replay is not None:
+                test = hypothesis.reproduce_failure(*replay)(test)
+            test()
+    except Exception as exc:  # a violation, or the model raised: both are failures of this model
+        result.verdict = FAIL
+        notes = [n.strip() for n in getattr(exc, "__notes__", [])]
+        blob = next((n.split("adding ", 1)[1].split(" as a decorator")[0] for n in notes if "@reproduce_failure" in n), "")
+        falsifying = next((n for n in notes if n.startswith(("Falsifying", "Failing"))), "")
+        what = str(exc) if isinstance(exc, Violation) else f"raised {type(exc).__name__}: {exc}"
+        result.reason = " ".join(what.split())[:500]
+        result.reproduce = command + (f" --replay \"{blob}\"" if blob else "")
+        if falsifying and not isinstance(exc, Violation):
+            result.reason += " | " + " ".join(falsifying.split())[:300]
+    if notes:
+        result.reason = "; ".join([result.reason, *sorted(notes)]).strip("; ")
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _worse(error: float, worst: float, tol: Tolerance) -> bool:
+    if error != error:  # NaN is the worst
+        return True
+    return error < worst if tol.at_least else error > worst

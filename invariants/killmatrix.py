@@ -1,0 +1,97 @@
+"""The kill matrix: every mutant through every property. A mutant no property fails is a hole in the suite.
+
+Each mutant's report is written to <out>/mutants/ as it finishes, so an interrupted run resumes where it
+stopped (pass fresh=True to recompute); the matrix is assembled from those reports.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import hypothesis
+from tabulate import tabulate
+from tqdm import tqdm
+
+from invariants import report
+from invariants.engine import FAIL, NOT_APPLICABLE
+from invariants.mutants import MUTANTS
+from invariants.suite import PROPERTIES, run_suite
+
+CELL = {FAIL: "x", NOT_APPLICABLE: "-", "pass": "."}
+
+
+def mutant_spec(name: str, overrides: str) -> str:
+    return f"mutant:{name}{',' + overrides if overrides else ''}"
+
+
+def run_mutants(out: Path, settings: hypothesis.settings, profile: str, overrides: str = "", fresh: bool = False,
+                command: str = "") -> list[dict[str, Any]]:
+    """Run (or reuse) the report of every mutant; returns their report documents."""
+    docs = []
+    for name in tqdm(MUTANTS, desc="mutants", unit="mutant"):
+        spec = mutant_spec(name, overrides)
+        path = out / "mutants" / f"{report.slug(spec)}.json"
+        if path.exists() and not fresh:
+            doc = json.loads(path.read_text())
+            if doc.get("profile") == profile and [p["name"] for p in doc["properties"]] == [p.name for p in PROPERTIES]:
+                docs.append(doc)
+                continue
+        start = time.perf_counter()
+        results = run_suite(spec, settings=settings)
+        doc = report.document(spec, results, profile, command, time.perf_counter() - start)
+        report.write(doc, out / "mutants")
+        docs.append(doc)
+    return docs
+
+
+def matrix(docs: list[dict[str, Any]], command: str) -> dict[str, Any]:
+    names = [doc["model"].split(":", 1)[1].split(",")[0] for doc in docs]
+    verdicts = {name: {p["name"]: p["verdict"] for p in doc["properties"]} for name, doc in zip(names, docs)}
+    return {
+        "mutants": names,
+        "properties": [p.name for p in PROPERTIES],
+        "verdicts": verdicts,
+        "caught": {name: any(v == FAIL for v in verdicts[name].values()) for name in names},
+        "from_issue": {name: MUTANTS[name].from_issue for name in names},
+        "specs": {name: doc["model"] for name, doc in zip(names, docs)},
+        "command": command,
+        "commit": report.commit(),
+    }
+
+
+def markdown(kill: dict[str, Any]) -> str:
+    props = kill["properties"]
+    rows = [[f"`{m}`" + ("" if kill["from_issue"][m] else " *"), *(CELL[kill["verdicts"][m][p]] for p in props),
+             "yes" if kill["caught"][m] else "**NO**"] for m in kill["mutants"]]
+    killed_by = {p: sum(kill["verdicts"][m][p] == FAIL for m in kill["mutants"]) for p in props}
+    lines = [
+        "# Kill matrix: mutants x invariants",
+        "",
+        f"{sum(kill['caught'].values())} of {len(kill['mutants'])} mutants caught. x = the property fails on the mutant "
+        "(kills it); . = passes; - = not applicable. * = beyond the issue's thirteen, added so that every property "
+        "but the harness's own learning-rate schedule is seen to fail at least once.",
+        "",
+        f"Regenerate: `{kill['command']}` (commit {kill['commit']}).",
+        "",
+        tabulate(rows, ["mutant", *range(1, len(props) + 1), "caught"], tablefmt="github", disable_numparse=True),
+        "",
+        "Columns:",
+        "",
+        *[f"{i}. `{p}` (kills {killed_by[p]})" for i, p in enumerate(props, 1)],
+        "",
+        "Mutants:",
+        "",
+        *[f"- `{m}`: {MUTANTS[m].bug}" for m in kill["mutants"]],
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(kill: dict[str, Any], out: Path) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / "kill_matrix.json", out / "kill_matrix.md"
+    json_path.write_text(json.dumps(kill, indent=1) + "\n")
+    md_path.write_text(markdown(kill))
+    return json_path, md_path

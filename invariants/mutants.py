@@ -1,0 +1,225 @@
+"""Deliberately broken models: the reference Transformer with one bug each, swapped in through a `Parts` seam.
+
+Each is a model spec, `mutant:NAME`, so `nox -s invariants -- --model mutant:no_causal_mask` shows a check
+failing. The first thirteen are the issue's list of bugs that have happened in real code; the rest make
+sure every property of the suite is seen to fail at least once. `caught_by` names the properties that
+must flag the mutant (tests/test_mutants.py asserts it; the kill matrix in reports/invariants shows all).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.attention import explicit_attention
+from model.config import TransformerConfig
+from model.layers import sinusoidal_table
+from model.objective import label_smoothed_loss
+from model.transformer import Parts, Transformer, causal_mask
+
+CAUSAL = ("causal_future_tokens", "causal_jacobian", "causal_future_probs", "cached_decoding")
+
+
+# -- attention --------------------------------------------------------------------------------------
+def _scores(q: Tensor, k: Tensor) -> Tensor:
+    return q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+
+
+def mask_after_softmax(q, k, v, allowed, need_weights):
+    """Softmax over every key, then zero the masked ones: rows stop summing to 1 and the future leaks via the sum."""
+    probs = torch.softmax(_scores(q, k), dim=-1) * allowed
+    return probs @ v, probs if need_weights else None
+
+
+def softmax_over_queries(q, k, v, allowed, need_weights):
+    """Softmax along the query axis (dim=-2) instead of the key axis."""
+    scores = _scores(q, k).masked_fill(~allowed, torch.finfo(q.dtype).min)
+    probs = torch.softmax(scores, dim=-2).masked_fill(~allowed, 0.0)
+    return probs @ v, probs if need_weights else None
+
+
+def unscaled_attention(q, k, v, allowed, need_weights):
+    """Q K^T without the 1/sqrt(d_k), on both paths."""
+    if need_weights:
+        return explicit_attention(q * math.sqrt(q.size(-1)), k, v, allowed)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0), None
+
+
+def causal_everywhere(q, k, v, allowed, need_weights):
+    """The decoder's causal mask also applied in the encoder and in cross-attention (masks mixed up)."""
+    both = allowed & causal_mask(q.size(-2), k.size(-2), 0, q.device)
+    out, probs = explicit_attention(q, k, v, both)
+    return out, probs if need_weights else None
+
+
+def mask_with_neg_inf(q, k, v, allowed, need_weights):
+    """Masked scores set to -inf: a query with no visible key gets softmax(-inf, ..., -inf) = NaN."""
+    probs = torch.softmax(_scores(q, k).masked_fill(~allowed, float("-inf")), dim=-1)
+    return probs @ v, probs if need_weights else None
+
+
+def fast_path_ignores_mask(q, k, v, allowed, need_weights):
+    """The fused path called without the mask; the explicit path (probabilities requested) is right."""
+    if need_weights:
+        return explicit_attention(q, k, v, allowed)
+    return F.scaled_dot_product_attention(q, k, v), None
+
+
+# -- masks ------------------------------------------------------------------------------------------
+def causal_off_by_one(queries: int, keys: int, offset: int, device=None) -> Tensor:
+    """Each query also sees the next position."""
+    return causal_mask(queries, keys, offset + 1, device)
+
+
+def no_causal_mask(queries: int, keys: int, offset: int, device=None) -> Tensor:
+    return torch.ones(queries, keys, dtype=torch.bool, device=device)
+
+
+def padding_ignored(pad: Tensor) -> Tensor:
+    return torch.ones_like(pad)[:, None, None, :]
+
+
+# -- positional encoding ----------------------------------------------------------------------------
+def pe_concatenated(positions: int, d_model: int) -> Tensor:
+    """[sin ... sin, cos ... cos] instead of sin and cos interleaved."""
+    table = sinusoidal_table(positions, d_model)
+    return torch.cat([table[:, 0::2], table[:, 1::2]], dim=1)
+
+
+def pe_wrong_exponent(positions: int, d_model: int) -> Tensor:
+    """Frequencies 1/10000^(i/(d_model/2 - 1)) (spread from 1 to 1/10000) instead of 1/10000^(2i/d_model)."""
+    p = torch.arange(positions, dtype=torch.float64).unsqueeze(1)
+    i = torch.arange(d_model // 2, dtype=torch.float64)
+    angle = p / 10000 ** (i / max(d_model // 2 - 1, 1))
+    return torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1).flatten(1)
+
+
+def pe_positions_from_one(positions: int, d_model: int) -> Tensor:
+    return sinusoidal_table(positions + 1, d_model)[1:]
+
+
+def pe_position_zero(positions: int, d_model: int) -> Tensor:
+    """Every position gets PE(0): position ids left at zero."""
+    return sinusoidal_table(1, d_model).expand(positions, d_model).clone()
+
+
+# -- normalisation and dropout ----------------------------------------------------------------------
+class BatchStatisticsNorm(nn.Module):
+    """Normalises each feature over batch and time (a batch norm that always uses batch statistics)."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight, self.bias, self.eps = nn.Parameter(torch.ones(d_model)), nn.Parameter(torch.zeros(d_model)), eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        mean, var = x.mean(dim=(0, 1), keepdim=True), x.var(dim=(0, 1), unbiased=False, keepdim=True)
+        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+
+class AlwaysDropout(nn.Dropout):
+    """F.dropout(x, p, training=True): the module ignores model.eval()."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.dropout(x, self.p, training=True)
+
+
+class DetachingDropout(nn.Dropout):
+    """A hand-written dropout on x.data: right values, but the gradient stops here in training."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training:
+            return x
+        keep = (torch.rand_like(x) >= self.p).to(x.dtype)
+        return x.data * keep / (1 - self.p)
+
+
+# -- loss -------------------------------------------------------------------------------------------
+def loss_over_all_tokens(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
+    """Summed over non-pad tokens but divided by every token, padding included."""
+    total = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=pad_id, label_smoothing=eps,
+                            reduction="sum")
+    return total / target.numel()
+
+
+def loss_log_of_softmax(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
+    """log(softmax(x)) instead of log_softmax(x): -inf once a probability underflows."""
+    log_p = torch.log(torch.softmax(logits, dim=-1))
+    nll = -log_p.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    per_token = (1 - eps) * nll - eps * log_p.mean(-1)
+    return per_token[target != pad_id].mean()
+
+
+def loss_ignores_eps(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
+    """The config's eps_ls never reaches the loss."""
+    return label_smoothed_loss(logits, target, pad_id, 0.0)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    bug: str
+    parts: dict[str, Any]
+    caught_by: tuple[str, ...]
+    from_issue: bool = True  # one of the issue's thirteen
+
+
+def _extra(bug: str, parts: dict[str, Any], caught_by: tuple[str, ...]) -> Mutant:
+    return Mutant(bug, parts, caught_by, from_issue=False)
+
+
+MUTANTS: dict[str, Mutant] = {
+    "causal_off_by_one": Mutant("causal mask off by one: each target position sees the next",
+                                {"causal_mask": causal_off_by_one}, CAUSAL),
+    "no_causal_mask": Mutant("no causal mask in the decoder", {"causal_mask": no_causal_mask}, CAUSAL),
+    "mask_after_softmax": Mutant("mask applied after the softmax", {"attend": mask_after_softmax},
+                                 ("causal_future_tokens", "causal_jacobian", "softmax_rows")),
+    "softmax_wrong_axis": Mutant("softmax over the query axis", {"attend": softmax_over_queries},
+                                 ("causal_future_tokens", "causal_jacobian", "softmax_rows")),
+    "no_attention_scaling": Mutant("attention logits not divided by sqrt(d_k)", {"attend": unscaled_attention},
+                                   ("attention_scaling",)),
+    "pe_concatenated": Mutant("positional encoding with sin and cos concatenated, not interleaved",
+                              {"position_table": pe_concatenated}, ("pe_relative_linearity", "pe_exact_values")),
+    "pe_wrong_exponent": Mutant("positional encoding with d_model/2 - 1 in the exponent",
+                                {"position_table": pe_wrong_exponent}, ("pe_relative_linearity", "pe_exact_values")),
+    "pe_positions_from_one": Mutant("positional encoding counting positions from 1",
+                                    {"position_table": pe_positions_from_one}, ("pe_exact_values",)),
+    "padding_mask_ignored": Mutant("padding mask ignored: every key visible", {"key_mask": padding_ignored},
+                                   ("padding_probs_zero", "padding_invariance")),
+    "norm_across_batch": Mutant("normalisation over the batch and time instead of each position's features",
+                                {"norm": BatchStatisticsNorm}, ("batch_independence", "padding_invariance")),
+    "untied_embeddings": Mutant("source, target and softmax embeddings not tied", {"tie_embeddings": False},
+                                ("params_tied_embeddings", "params_base", "params_table3")),
+    "dropout_in_eval": Mutant("dropout left on in eval mode", {"dropout": AlwaysDropout}, ("eval_determinism",)),
+    "loss_over_all_tokens": Mutant("label-smoothed loss averaged over all tokens, padding included",
+                                   {"loss": loss_over_all_tokens}, ("loss_pad_normalisation",)),
+    # Beyond the issue's list: one per property that none of the above breaks.
+    "causal_everywhere": _extra("causal mask also applied in the encoder and cross-attention",
+                                {"attend": causal_everywhere}, ("permutation_encoder", "permutation_cross_attention")),
+    "pe_position_zero": _extra("every position encoded as position 0", {"position_table": pe_position_zero},
+                               ("permutation_positive_control", "pe_exact_values")),
+    "mask_with_neg_inf": _extra("masking with -inf: NaN on a row with nothing to attend to",
+                                {"attend": mask_with_neg_inf}, ("fully_padded_rows",)),
+    "fast_path_ignores_mask": _extra("fused attention path called without the mask",
+                                     {"attend": fast_path_ignores_mask}, ("fast_equals_explicit", "padding_invariance")),
+    "dropout_never": _extra("dropout never applied, also in training", {"dropout": lambda p: nn.Identity()},
+                            ("dropout_active",)),
+    "dropout_detaches": _extra("hand-written dropout on x.data cuts the gradient", {"dropout": DetachingDropout},
+                               ("gradients_reach_all",)),
+    "no_embedding_scale": _extra("embeddings not multiplied by sqrt(d_model)", {"embed_scale": lambda d: 1.0},
+                                 ("embedding_scaling",)),
+    "loss_log_of_softmax": _extra("loss from log(softmax(x)): infinite at large logits",
+                                  {"loss": loss_log_of_softmax}, ("loss_eps_zero_is_nll",)),
+    "loss_ignores_eps": _extra("label smoothing eps never reaches the loss", {"loss": loss_ignores_eps},
+                               ("loss_smoothed_minimum",)),
+}
+
+
+def build(config: TransformerConfig, name: str | None) -> Transformer:
+    """The reference model with mutant `name`'s bug; an unknown or missing name is a ValueError listing them."""
+    if name not in MUTANTS:
+        what = f"unknown mutant {name!r}" if name else "mutant needs a name (mutant:NAME)"
+        raise ValueError(f"{what}; valid mutants: {', '.join(MUTANTS)}")
+    return Transformer(config, Parts(**MUTANTS[name].parts))

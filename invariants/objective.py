@@ -1,0 +1,116 @@
+"""Invariant 6 (training side): the label-smoothed loss of section 5.4 and the learning-rate schedule of eq. (3).
+
+The loss checks call the model's own `loss` (built with the eps_ls under test) on synthetic logits in
+float64, so they are cheap and use small configs. The schedule belongs to the harness, not the model:
+the ablation runner trains every model with `model.objective.learning_rate`, so that is what is checked.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from hypothesis import strategies as st
+from torch import Tensor
+
+from invariants import tolerances as tol
+from invariants.cases import small_configs
+from invariants.engine import invariant
+from invariants.subject import Subject, relative_error, right_padding
+from model.objective import learning_rate
+
+GROUP = "6 loss and schedule"
+PINNED_CONFIG = "N=1,d_model=8,h=2,d_k=4,d_v=4,d_ff=16,vocab_size=50,max_len=128"
+EXTREME = 1e4  # logits this large underflow exp() in a naive log(softmax(.)), even in float64
+
+
+def logits_and_target(vocab: int, seed: int, scale: float = 1.0, padded: bool = True) -> tuple[Tensor, Tensor]:
+    """Random float64 logits (3, 5, vocab) times scale and a target with ragged right padding (pad_id 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, 5, vocab, generator=gen, dtype=torch.float64) * scale
+    target = torch.randint(1, vocab, (3, 5), generator=gen)
+    return logits, target.masked_fill(right_padding(3, 5, padded, gen), 0)
+
+
+def model_at(subject: Subject, config: str, eps: float):
+    """The subject at a small config with label smoothing eps (pad_id 0, as the synthetic targets use)."""
+    return subject.model(f"{config},eps_ls={eps},pad_id=0")
+
+
+@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=lambda s: [(PINNED_CONFIG, 0, 1.0), (PINNED_CONFIG, 1, EXTREME)],
+           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16), st.sampled_from([1.0, 100.0, EXTREME])))
+def loss_eps_zero_is_nll(subject: Subject, case: tuple[str, int, float]) -> float:
+    """With eps_ls=0 the loss is the negative log-likelihood averaged over non-pad tokens, finite also at logits of 1e4."""
+    config, seed, scale = case
+    model = model_at(subject, config, 0.0)
+    logits, target = logits_and_target(model.config.vocab_size, seed, scale)
+    nll = F.nll_loss(torch.log_softmax(logits, -1).flatten(0, 1), target.flatten(), ignore_index=0)
+    return relative_error(model.loss(logits, target), nll)
+
+
+def smoothed_target(target: Tensor, vocab: int, eps: float) -> Tensor:
+    """(1 - eps) * one-hot + eps / vocab: label smoothing as in Szegedy et al. (2016), which the paper cites."""
+    return F.one_hot(target, vocab).double() * (1 - eps) + eps / vocab
+
+
+@invariant(GROUP, tol.ANALYTIC, pinned=lambda s: [(PINNED_CONFIG, 0, 0.1)],
+           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16),
+                                     st.floats(0.01, 0.5).map(lambda e: round(e, 3))))
+def loss_smoothed_minimum(subject: Subject, case: tuple[str, int, float]) -> float:
+    """The loss is minimal where softmax(logits) is the smoothed target: zero gradient there, value its entropy."""
+    config, seed, eps = case
+    model = model_at(subject, config, eps)
+    vocab = model.config.vocab_size
+    _, target = logits_and_target(vocab, seed, padded=False)
+    q = smoothed_target(target, vocab, eps)
+    with torch.enable_grad():
+        logits = q.log().requires_grad_(True)
+        loss = model.loss(logits, target)
+        (grad,) = torch.autograd.grad(loss, logits)
+    entropy = -(q * q.log()).sum(-1).mean()
+    return max(grad.abs().max().item() * target.numel(), abs(loss.item() - entropy.item()))
+
+
+@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=lambda s: [(PINNED_CONFIG, 0)],
+           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)))
+def loss_pad_normalisation(subject: Subject, case: tuple[str, int]) -> float:
+    """The loss is averaged over non-pad target tokens: appending padded positions (any logits) changes nothing."""
+    config, seed = case
+    model = model_at(subject, config, model_eps(subject))
+    logits, target = logits_and_target(model.config.vocab_size, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    extra = 1 + seed % 4
+    more_logits = torch.cat([logits, torch.randn(3, extra, logits.size(-1), generator=gen, dtype=logits.dtype)], 1)
+    more_target = torch.cat([target, torch.zeros(3, extra, dtype=target.dtype)], 1)
+    return relative_error(model.loss(more_logits, more_target), model.loss(logits, target))
+
+
+def model_eps(subject: Subject) -> float:
+    """The spec's label smoothing, or the paper's 0.1 when the spec switches it off (padding matters either way)."""
+    return subject.config.eps_ls or 0.1
+
+
+def schedule_error(schedule: Callable[[int, int, int], float], d_model: int, warmup: int) -> float:
+    """Largest relative deviation of a schedule from eq. (3) over steps 1 .. 3 * warmup.
+
+    Checks the peak d_model^-0.5 * warmup^-0.5 at step = warmup, linear warm-up (lr / step constant before it)
+    and inverse-square-root decay (lr * sqrt(step) constant after it).
+    """
+    peak = d_model**-0.5 * warmup**-0.5
+    steps = range(1, 3 * warmup + 1)
+    rates = [schedule(s, d_model, warmup) for s in steps]
+    worst = abs(rates[warmup - 1] / peak - 1)
+    worst = max(worst, abs(max(rates) / peak - 1))
+    for s, rate in zip(steps, rates):
+        expected = peak * s / warmup if s <= warmup else peak * math.sqrt(warmup / s)
+        worst = max(worst, abs(rate / expected - 1))
+    return worst
+
+
+@invariant(GROUP, tol.ANALYTIC, pinned=lambda s: [(512, 4000), (1024, 4000)],
+           cases=lambda s: st.tuples(st.sampled_from([16, 64, 256, 512, 1024]), st.integers(1, 5000)))
+def lr_schedule(subject: Subject, case: tuple[int, int]) -> float:
+    """The harness's learning rate follows eq. (3): linear warm-up to d_model^-0.5 * warmup^-0.5 at step = warmup, then step^-0.5."""
+    d_model, warmup = case
+    return schedule_error(learning_rate, d_model, warmup)

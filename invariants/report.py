@@ -1,0 +1,105 @@
+"""The suite's outputs: a terminal table, reports/invariants/<model>.md and .json, and the kill matrix."""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import hypothesis
+import torch
+from tabulate import tabulate
+
+from invariants.engine import FAIL, NOT_APPLICABLE, PASS, Result
+
+MARK = {PASS: "pass", FAIL: "FAIL", NOT_APPLICABLE: "n/a"}
+
+
+def slug(spec: str) -> str:
+    """A file name for a model spec: 'mutant:no_causal_mask' -> 'mutant-no_causal_mask'."""
+    return re.sub(r"[^A-Za-z0-9_.]+", "-", spec).strip("-.") or "model"
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def number(x: float | str | None) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, str) or not math.isfinite(x):
+        return str(x)
+    return "0" if x == 0 else f"{x:.3g}"
+
+
+def bound(r: Result | dict) -> str:
+    r = r if isinstance(r, dict) else r.to_dict()
+    return f"{'>=' if r['bound'] == 'at_least' else '<='} {number(r['tolerance'])}"
+
+
+def summary_table(results: list[Result], fmt: str = "simple") -> str:
+    rows = [[r.group.split()[0], r.name, MARK[r.verdict], number(r.worst_error), bound(r), r.examples, f"{r.seconds:.1f}"]
+            for r in results]
+    return tabulate(rows, ["#", "property", "verdict", "worst error", "tolerance", "examples", "s"], tablefmt=fmt,
+                    disable_numparse=True)
+
+
+def document(spec: str, results: list[Result], profile: str, command: str, seconds: float) -> dict[str, Any]:
+    return {
+        "model": spec,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit(),
+        "torch": torch.__version__,
+        "hypothesis": hypothesis.__version__,
+        "profile": profile,
+        "command": command,
+        "seconds": round(seconds, 1),
+        "verdicts": {v: sum(r.verdict == v for r in results) for v in (PASS, FAIL, NOT_APPLICABLE)},
+        "properties": [r.to_dict() for r in results],
+    }
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    props = doc["properties"]
+    rows = [[p["group"].split()[0], f"`{p['name']}`", MARK[p["verdict"]], number(p["worst_error"]), bound(p),
+             p["examples"], p["description"]] for p in props]
+    lines = [
+        f"# Invariants: `{doc['model']}`",
+        "",
+        f"{doc['verdicts'][PASS]} pass, {doc['verdicts'][FAIL]} fail, {doc['verdicts'][NOT_APPLICABLE]} not applicable "
+        f"({doc['seconds']} s; hypothesis profile `{doc['profile']}`; torch {doc['torch']}; commit {doc['commit']}; {doc['date']}).",
+        "",
+        f"Regenerate: `{doc['command']}`",
+        "",
+        tabulate(rows, ["#", "property", "verdict", "worst error", "tolerance", "examples", "what it checks"],
+                 tablefmt="github", disable_numparse=True),
+        "",
+    ]
+    notes = [p for p in props if p["reason"] or p["reproduce"]]
+    if notes:
+        lines += ["## Failures, notes and reasons", ""]
+        for p in notes:
+            lines.append(f"- `{p['name']}` ({MARK[p['verdict']]}): {p['reason']}")
+            if p["reproduce"]:
+                lines.append(f"  replay: `{p['reproduce']}`")
+        lines.append("")
+    lines += ["## Tolerances", ""]
+    lines += [f"- `{p['name']}` {bound(p)}: {p['tolerance_reason']}" for p in props]
+    return "\n".join(lines) + "\n"
+
+
+def write(doc: dict[str, Any], out: Path) -> tuple[Path, Path]:
+    """Write <out>/<slug>.json and .md; returns their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / f"{slug(doc['model'])}.json", out / f"{slug(doc['model'])}.md"
+    json_path.write_text(json.dumps(doc, indent=1) + "\n")
+    md_path.write_text(markdown(doc))
+    return json_path, md_path

@@ -1,0 +1,124 @@
+"""The model under test: built from a spec (or a factory), at the spec's own config or a small override of it.
+
+Checks ask for `subject.model(config, dtype)`; config is "" for the spec itself (the 65M base model
+by default) or key=value overrides appended to the spec ("N=1,d_model=16,..."), which works for
+registered models and user adapters alike. Models are built with a fixed seed, so runs repeat.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping, Union
+
+import torch
+from torch import Tensor
+
+from model.config import TransformerConfig, parse_overrides, preset
+from model.protocol import Seq2SeqModel
+from model.registry import SpecError, load_model
+
+Factory = Callable[[TransformerConfig], Seq2SeqModel]
+INIT_SEED = 0
+
+
+@contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Run a block with torch's global RNG seeded (dropout masks, init), restoring the RNG afterwards."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+class Subject:
+    """A model spec (or factory) and the models built from it, cached by (config overrides, dtype)."""
+
+    def __init__(self, model: Union[str, Factory]) -> None:
+        self.spec = model if isinstance(model, str) else getattr(model, "__qualname__", repr(model))
+        self._factory = None if isinstance(model, str) else model
+        self._models: dict[tuple[str, torch.dtype], Seq2SeqModel] = {}
+        try:
+            with torch.device("meta"):  # validates the spec without allocating weights
+                first = self.build("")
+        except Exception:  # some adapters cannot be built on meta; a bad spec raises SpecError here
+            first = self.model("", torch.float32)
+        self.config: TransformerConfig = first.config
+        self.unsupported: Mapping[str, str] = dict(first.unsupported)
+
+    def spec_with(self, config: str) -> str:
+        return f"{self.spec},{config}" if config else self.spec
+
+    def build(self, config: str) -> Seq2SeqModel:
+        """A fresh model at config (uncached, on the current default device)."""
+        if self._factory is None:
+            return load_model(self.spec_with(config))
+        pairs = dict(pair.split("=", 1) for pair in config.split(",")) if config else {}
+        try:
+            cfg = preset("base").replace(**parse_overrides(pairs))
+        except ValueError as exc:
+            raise SpecError(f"model {self.spec}: {exc}") from None
+        return self._factory(cfg)
+
+    def model(self, config: str = "", dtype: torch.dtype = torch.float64) -> Seq2SeqModel:
+        """The model at config ("" = the spec's own), in dtype, built once with a fixed init seed."""
+        key = (config, dtype)
+        if key not in self._models:
+            if len(self._models) > 64:  # small configs are cheap to rebuild; keep the big ones
+                for k in [k for k in self._models if k[0]][:32]:
+                    del self._models[k]
+            with seeded(INIT_SEED):
+                self._models[key] = self.build(config).to(dtype)
+        return self._models[key]
+
+    def lacks(self, *capabilities: str) -> str | None:
+        """The reason the model lacks one of these capabilities, or None if it has them all."""
+        missing = [f"{cap}: {self.unsupported[cap]}" for cap in capabilities if cap in self.unsupported]
+        return "; ".join(missing) or None
+
+
+@dataclass(frozen=True)
+class Batch:
+    src: Tensor  # (B, S) token ids
+    tgt: Tensor  # (B, T)
+    src_pad: Tensor  # (B, S) bool, True at padding
+    tgt_pad: Tensor  # (B, T)
+
+    def forward(self, model: Seq2SeqModel) -> Tensor:
+        return model(self.src, self.tgt, self.src_pad, self.tgt_pad)
+
+
+def tokens(cfg: TransformerConfig, shape: tuple[int, ...], gen: torch.Generator, distinct: bool = False) -> Tensor:
+    """Random non-pad token ids; distinct=True gives each row different tokens (needs shape[-1] < vocab)."""
+    if distinct:
+        rows = [torch.randperm(cfg.vocab_size - 1, generator=gen)[: shape[-1]] for _ in range(shape[0])]
+        ids = torch.stack(rows)
+    else:
+        ids = torch.randint(0, cfg.vocab_size - 1, shape, generator=gen)
+    return ids + (ids >= cfg.pad_id).long()  # skip pad_id
+
+
+def right_padding(batch: int, length: int, padded: bool, gen: torch.Generator) -> Tensor:
+    """(batch, length) pad mask; with padded=True rows after the first get random lengths in [1, length]."""
+    pad = torch.zeros(batch, length, dtype=torch.bool)
+    if padded:
+        for b in range(1, batch):
+            pad[b, int(torch.randint(1, length + 1, (1,), generator=gen)):] = True
+    return pad
+
+
+def make_batch(cfg: TransformerConfig, batch: int, src_len: int, tgt_len: int, padded: bool, seed: int,
+               distinct: bool = False) -> Batch:
+    """A random batch whose pad positions hold pad_id; row 0 is never padded."""
+    gen = torch.Generator().manual_seed(seed)
+    src, tgt = tokens(cfg, (batch, src_len), gen, distinct), tokens(cfg, (batch, tgt_len), gen)
+    src_pad, tgt_pad = right_padding(batch, src_len, padded, gen), right_padding(batch, tgt_len, padded, gen)
+    return Batch(src.masked_fill(src_pad, cfg.pad_id), tgt.masked_fill(tgt_pad, cfg.pad_id), src_pad, tgt_pad)
+
+
+def relative_error(actual: Tensor, expected: Tensor) -> float:
+    """max |actual - expected| / max(1, max |expected|); NaN or Inf anywhere gives inf."""
+    if not (torch.isfinite(actual).all() and torch.isfinite(expected).all()):
+        return float("inf")
+    if actual.numel() == 0:
+        return 0.0
+    scale = max(1.0, expected.abs().max().item())
+    return (actual - expected).abs().max().item() / scale

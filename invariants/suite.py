@@ -1,0 +1,46 @@
+"""The suite: every property in the issue's order, run against one model with a progress bar."""
+from __future__ import annotations
+
+import hypothesis
+from tqdm import tqdm
+
+from invariants import behaviour, causal, objective, params, permutation, positional, softmax
+from invariants.engine import Property, Result
+from invariants.subject import Factory, Subject
+
+PROPERTIES: list[Property] = [
+    causal.causal_future_tokens, causal.causal_jacobian, causal.causal_future_probs, causal.cached_decoding,
+    permutation.permutation_encoder, permutation.permutation_cross_attention, permutation.permutation_positive_control,
+    softmax.softmax_rows, softmax.padding_probs_zero, softmax.fully_padded_rows,
+    positional.pe_relative_linearity, positional.pe_exact_values,
+    params.params_base, params.params_table3, params.params_tied_embeddings,
+    behaviour.padding_invariance, behaviour.batch_independence, behaviour.eval_determinism, behaviour.dropout_active,
+    behaviour.fast_equals_explicit, behaviour.attention_scaling, behaviour.embedding_scaling,
+    behaviour.gradients_reach_all,
+    objective.loss_eps_zero_is_nll, objective.loss_smoothed_minimum, objective.loss_pad_normalisation,
+    objective.lr_schedule,
+]
+BY_NAME = {p.name: p for p in PROPERTIES}
+
+
+def select(names: list[str] | None) -> list[Property]:
+    """The named properties (all when names is empty); an unknown name is a ValueError listing the valid ones."""
+    if not names:
+        return PROPERTIES
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        raise ValueError(f"unknown propert{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; valid: {', '.join(BY_NAME)}")
+    return [BY_NAME[n] for n in names]
+
+
+def run_suite(model: str | Factory | Subject, properties: list[Property] | None = None,
+              settings: hypothesis.settings | None = None, seed: int | None = None,
+              replay: tuple[str, bytes] | None = None, progress: bool = False) -> list[Result]:
+    """Run properties (default: all) against one model; a bad spec raises model.SpecError before any runs."""
+    subject = model if isinstance(model, Subject) else Subject(model)
+    results = []
+    bar = tqdm(properties or PROPERTIES, desc=subject.spec, unit="property", disable=not progress, leave=False)
+    for prop in bar:
+        bar.set_postfix_str(prop.name)
+        results.append(prop(subject, settings=settings, seed=seed, replay=replay))
+    return results

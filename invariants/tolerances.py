@@ -1,0 +1,71 @@
+"""Every tolerance the invariants use, in one place, each with the reason for its size.
+
+Most checks run the model in float64 (`model.double()`), where a sum of a few hundred O(1) terms is
+exact to ~1e-14; float32 appears only where overflow or a float32 table is the point. Errors are
+relative to the scale of the compared values (max |reference|, at least 1) unless a tolerance says
+otherwise. Where masking makes the answer exact (a masked probability, the causal Jacobian), the
+tolerance is 0: any nonzero value is leakage, not rounding.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """A bound on a measured error: the verdict is pass when error <= value (or >= value when at_least)."""
+
+    value: float
+    reason: str
+    at_least: bool = False  # a positive control: the measured effect must be at least this large
+
+    def violated(self, error: float) -> bool:
+        if math.isnan(error):
+            return True
+        return error < self.value if self.at_least else error > self.value
+
+    @property
+    def bound(self) -> str:
+        return "at_least" if self.at_least else "at_most"
+
+
+EXACT = Tolerance(0.0, "masking sets these values, it does not compute them: any nonzero is leakage")
+CAUSAL_FUTURE = Tolerance(
+    0.0,
+    "float64; a masked key adds exp(-inf) * v = +0 to the same sums in the same order, so earlier positions are bit-identical",
+)
+DETERMINISM = Tolerance(0.0, "eval mode draws no random numbers; the same CPU computation repeats bit for bit")
+COUNT = Tolerance(0.0, "a count of offending tensors or entries; any is a failure")
+
+# Agreement between two float64 computations of the same quantity that sum in different orders
+# (cached vs full decoding, padded vs unpadded, fused vs explicit attention): ~1e-15 per operation,
+# a few thousand operations deep, so 1e-10 relative leaves 1e4x headroom and still catches any real bug,
+# which moves outputs by 1e-3 or more.
+AGREEMENT = {
+    torch.float64: Tolerance(1e-10, "float64 sums in a different order agree to ~1e-14 relative; bugs move outputs by >1e-3"),
+    # Not used by the suite's checks (they run in float64); here for users comparing float32 runs.
+    torch.float32: Tolerance(1e-4, "float32 noise on O(1)..O(10) logits after a few layers is ~1e-5"),
+}
+ROW_SUM = {
+    torch.float64: Tolerance(1e-12, "a float64 softmax row of <100 entries sums to 1 within ~1e-15"),
+    torch.float32: Tolerance(1e-5, "a float32 softmax row of <100 entries sums to 1 within ~1e-6, also at extreme scores"),
+}
+ANALYTIC = Tolerance(1e-12, "a float64 closed form (loss minimum, schedule peak, embedding scale) is exact to ~1e-15")
+PE_VALUES = Tolerance(
+    1e-4,
+    "a float32 table: sin(p * w) computed in float32 at p < 1024 is off by up to p * 6e-8 ~ 6e-5; the PE bugs are off by O(0.1)",
+)
+PARAMS = Tolerance(0.05, "the issue's band: within 5% of the paper's printed parameter count")
+EFFECT = Tolerance(
+    1e-3,
+    "positive control: the effect (positional encoding, dropout) moves outputs by O(0.1); float64 noise is 1e-15",
+    at_least=True,
+)
+SCALING = Tolerance(
+    1.0,
+    "|log2| of the ratio of attention-logit spreads at d_k=d_model vs d_k=4: ~0 with 1/sqrt(d_k), "
+    ">= log2(sqrt(d_model/4)) >= 1.5 without; 1.0 (a factor 2) sits between",
+)

@@ -1,0 +1,110 @@
+"""The invariants suite on correct models: the reference passes everything, torch.nn.Transformer gets its
+documented verdicts, and missing capabilities are reported as not applicable with the reason."""
+import os
+
+import pytest
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from invariants import (
+    causal_future_probs, dropout_active, pe_exact_values, pe_relative_linearity, permutation_positive_control, run_suite,
+)
+from invariants import tolerances as tol
+from invariants.engine import FAIL, NOT_APPLICABLE, PASS, Property, Subject
+from invariants.objective import schedule_error
+from invariants.__main__ import parse_replay
+from model import Transformer
+from model.objective import learning_rate
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # torch.nn's nested-tensor notes
+SMALL = "N=1,d_model=16,h=2,d_k=8,d_v=8,d_ff=32,vocab_size=50"
+# Drawn cases per property on top of the pinned ones: few, to keep CI fast; more under the thorough profile.
+EXAMPLES = 50 if os.environ.get("HYPOTHESIS_PROFILE") == "thorough" else 3
+
+
+def few() -> settings:
+    return settings(settings.default, max_examples=EXAMPLES)
+
+
+def verdicts(results) -> dict[str, str]:
+    return {r.name: r.verdict for r in results}
+
+
+def test_reference_model_passes_every_invariant():
+    results = run_suite(f"reference,{SMALL}", settings=few())
+    failed = [f"{r.name}: {r.reason}" for r in results if r.verdict != PASS]
+    assert not failed, failed
+
+
+def test_torch_nn_transformer_gets_its_documented_verdicts():
+    # Real findings about torch.nn.Transformer 2.13 (README, "Invariants"): no KV cache, and a fully padded
+    # source or target row turns into NaN (its masked softmax divides 0 by 0) where the reference gives zeros.
+    results = run_suite(f"torch-nn,{SMALL}", settings=few())
+    expected = {r.name: PASS for r in results}
+    expected.update(cached_decoding=NOT_APPLICABLE, fully_padded_rows=FAIL)
+    assert verdicts(results) == expected
+    by_name = {r.name: r for r in results}
+    assert "no incremental decoding" in by_name["cached_decoding"].reason
+    assert by_name["fully_padded_rows"].worst_error == float("inf")
+    assert "B1" in by_name["params_table3"].reason and "B2" in by_name["params_table3"].reason
+
+
+def test_learned_positional_encoding_is_reported_not_sinusoidal_with_its_residual():
+    result = pe_relative_linearity(f"reference,{SMALL},pe=learned", settings=few())
+    assert result.verdict == NOT_APPLICABLE
+    assert "not sinusoidal" in result.reason and "residual" in result.reason
+
+
+def test_no_positional_encoding_makes_the_pe_checks_not_applicable():
+    subject = Subject(f"reference,{SMALL},pe=none")
+    for prop in (pe_exact_values, permutation_positive_control):
+        result = prop(subject, settings=few())
+        assert (result.verdict, result.reason) == (NOT_APPLICABLE, "positional_table: pe='none'")
+
+
+def test_a_capability_the_model_lacks_is_not_applicable_never_a_silent_pass():
+    def fused_only(config):
+        model = Transformer(config.replace(N=1, d_model=16, h=2, d_k=8, d_v=8, d_ff=32, vocab_size=50))
+        model.unsupported = {"attention_probs": "fused kernel only"}
+        return model
+
+    result = causal_future_probs(fused_only, settings=few())
+    assert (result.verdict, result.reason, result.examples) == (NOT_APPLICABLE, "attention_probs: fused kernel only", 0)
+
+
+def test_dropout_check_is_not_applicable_without_dropout():
+    result = dropout_active(f"reference,{SMALL},P_drop=0.0", settings=few())
+    assert result.verdict == NOT_APPLICABLE and "P_drop=0.0" in result.reason
+
+
+def test_schedule_check_fails_on_a_schedule_that_peaks_one_step_late():
+    late = lambda step, d_model, warmup: learning_rate(step - 1, d_model, warmup)  # noqa: E731
+    assert schedule_error(learning_rate, 512, 4000) <= tol.ANALYTIC.value
+    assert schedule_error(late, 512, 4000) > tol.ANALYTIC.value
+
+
+@pytest.mark.parametrize("error, at_least, violated", [
+    (0.0, False, False), (1e-3, False, True), (float("nan"), False, True),
+    (1e-3, True, False), (0.0, True, True), (float("nan"), True, True),
+])
+def test_tolerance_verdicts_treat_nan_as_a_violation(error, at_least, violated):
+    assert tol.Tolerance(1e-3 if at_least else 0.0, "test", at_least).violated(error) == violated
+
+
+def test_a_drawn_failure_comes_with_a_replay_line_that_reproduces_it():
+    at_most_5 = Property("at_most_5", "0 test", "x <= 5", lambda subject, x: x, tol.Tolerance(5, "test"),
+                         cases=lambda subject: st.integers(0, 100))
+    subject = Subject(f"reference,{SMALL}")
+    failed = at_most_5(subject, settings=settings(max_examples=50, derandomize=False), seed=3)
+    assert failed.verdict == FAIL and failed.worst_error > 5
+    assert "--seed 3" in failed.reproduce and "@reproduce_failure(" in failed.reproduce
+    line = failed.reproduce.split('--replay "')[1].rstrip('"')
+    replayed = at_most_5(subject, replay=parse_replay(line))
+    assert replayed.verdict == FAIL and replayed.examples == 1
+
+
+def test_the_suite_runs_on_a_model_factory_as_well_as_a_spec():
+    small = lambda config: Transformer(config.replace(N=1, d_model=16, h=2, d_k=8, d_v=8, d_ff=32, vocab_size=50))  # noqa: E731
+    assert torch.equal(Subject(small).model("").embed(torch.tensor([[1]])), Subject(small).model("").embed(torch.tensor([[1]])))
+    assert causal_future_probs(small, settings=few()).verdict == PASS

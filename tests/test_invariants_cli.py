@@ -1,0 +1,49 @@
+"""`python -m invariants`: reports on disk, the terminal table, exit status, and one-line errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from invariants.__main__ import main
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+SMALL = "N=1,d_model=16,h=2,d_k=8,d_v=8,d_ff=32,vocab_size=50"
+
+
+def test_a_failing_model_exits_1_and_its_report_names_the_failure_and_its_replay(tmp_path, capsys):
+    spec = f"mutant:no_causal_mask,{SMALL}"
+    status = main(["--model", spec, "--only", "causal_future_tokens,lr_schedule", "--out", str(tmp_path)])
+    assert status == 1
+    doc = json.loads((tmp_path / f"mutant-no_causal_mask-{SMALL.replace(',', '-').replace('=', '-')}.json").read_text())
+    assert doc["model"] == spec and doc["torch"] and doc["commit"] and doc["date"]
+    (leak, schedule) = doc["properties"]
+    assert (leak["name"], leak["verdict"], schedule["verdict"]) == ("causal_future_tokens", "fail", "pass")
+    assert leak["worst_error"] > leak["tolerance"] == 0.0 and leak["examples"] >= 1
+    assert "--only causal_future_tokens" in leak["reproduce"]
+    md = next(tmp_path.glob("*.md")).read_text()
+    assert "| 1   | `causal_future_tokens` | FAIL" in md and "replay:" in md
+    out = capsys.readouterr().out
+    assert "causal_future_tokens" in out and "FAIL" in out and "1 pass, 1 fail" in out
+
+
+def test_a_passing_model_exits_0(tmp_path):
+    assert main(["--model", f"reference,{SMALL}", "--only", "pe_exact_values,params_tied_embeddings", "--out", str(tmp_path)]) == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "nope"], "unknown model 'nope'"),
+    (["--only", "no_such_property"], "unknown property no_such_property; valid: causal_future_tokens"),
+    (["--replay", "garbage", "--only", "lr_schedule"], "is not a line @reproduce_failure"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
+    assert main([*args, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_module_entry_point_reports_a_bad_spec_in_one_line():
+    proc = subprocess.run([sys.executable, "-m", "invariants", "--model", "mutant:nope"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: model spec 'mutant:nope': unknown mutant 'nope'; valid mutants:")
+    assert proc.stderr.count("\n") == 1

@@ -1,0 +1,47 @@
+"""Every mutant is caught, every property is seen to fail, and a mutant is a model spec like any other."""
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+
+from invariants.engine import FAIL
+from invariants.mutants import MUTANTS, build
+from invariants.suite import BY_NAME, PROPERTIES
+from model import SpecError, TransformerConfig, load_model
+
+SMALL = "N=1,d_model=16,h=2,d_k=8,d_v=8,d_ff=32,vocab_size=50"
+KILL_MATRIX = Path(__file__).parents[1] / "reports" / "invariants" / "kill_matrix.json"
+
+
+@pytest.mark.parametrize("name", list(MUTANTS))
+def test_mutant_fails_every_property_that_should_catch_it(name):
+    spec = f"mutant:{name},{SMALL}"
+    results = [BY_NAME[prop](spec, settings=settings(settings.default, max_examples=3)) for prop in MUTANTS[name].caught_by]
+    missed = [r.name for r in results if r.verdict != FAIL]
+    assert not missed, f"{name} passed {missed}"
+
+
+def test_every_property_but_the_schedule_is_killed_by_some_mutant():
+    # The schedule belongs to the harness, not the model; tests/test_invariants.py shows it failing.
+    killed = {prop for mutant in MUTANTS.values() for prop in mutant.caught_by}
+    assert killed == {p.name for p in PROPERTIES} - {"lr_schedule"}
+
+
+def test_the_issues_thirteen_bugs_are_all_mutants():
+    assert sum(m.from_issue for m in MUTANTS.values()) == 13
+
+
+def test_unknown_or_missing_mutant_name_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="unknown mutant 'nope'; valid mutants: causal_off_by_one, no_causal_mask"):
+        build(TransformerConfig(), "nope")
+    with pytest.raises(SpecError, match="mutant needs a name.*valid mutants: causal_off_by_one") as info:
+        load_model("mutant")
+    assert "\n" not in str(info.value)
+
+
+def test_committed_kill_matrix_covers_every_mutant_and_property_and_catches_all():
+    kill = json.loads(KILL_MATRIX.read_text())
+    assert kill["mutants"] == list(MUTANTS)
+    assert kill["properties"] == [p.name for p in PROPERTIES]
+    assert all(any(v == FAIL for v in kill["verdicts"][m].values()) for m in kill["mutants"])
