@@ -100,11 +100,14 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 def git_commit() -> str | None:
+    """HEAD, with '+dirty' when the model or the runner differ from it (uncommitted code produced the numbers)."""
     try:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "diff", "--quiet", "HEAD", "--", "model", "ablations"], timeout=10)
     except OSError:
         return None
-    return out.stdout.strip() or None
+    commit = head.stdout.strip()
+    return (commit + ("+dirty" if dirty.returncode == 1 else "")) or None
 
 
 def run_one(grid: Grid, row: Table3Row, seed: int, data: PreparedData,
