@@ -14,9 +14,8 @@ from pathlib import Path
 from model.table3 import table3_rows
 from reports import figures, index, table3, table3_formats
 from reports.index import Artifact
-from reports.inputs import (ABLATIONS_COMMAND, INVARIANTS_COMMAND, INVARIANTS_DIR, KILL_MATRIX, KILL_MATRIX_COMMAND,
-                            REPO, RESULTS_DIR, MissingInput, budget_folders, load_budget, load_invariants,
-                            shown_path)
+from reports.inputs import (ABLATIONS_COMMAND, INVARIANTS_DIR, KILL_MATRIX, REPO, RESULTS_DIR, MissingInput,
+                            budget_folders, load_budget, load_invariants, shown_path)
 
 REBUILD = "nox -s report"
 OUT_DIR = REPO / "reports"
@@ -81,13 +80,15 @@ def build_invariants(folder: Path, out_dir: Path) -> list[Artifact]:
         killed = inv.kills[inv.kills["verdict"] == "fail"]["mutant"].nunique()
         note = f"{killed} of {inv.kills['mutant'].nunique()} mutants killed by at least one property"
         artifacts.append(Artifact(section, "Mutant kill matrix (mutants x properties)", path, REBUILD, note))
-    for report, model in inv.reports.items():
-        command = INVARIANTS_COMMAND.format(model=model)
-        for path, kind in ((report.with_suffix(".md"), "Markdown"), (report, "JSON")):
-            if path.is_file():
-                artifacts.append(Artifact(section, f"Invariants report of {model} ({kind})", path, command))
-    if (folder / KILL_MATRIX).is_file():
-        artifacts.append(Artifact(section, "Kill matrix (JSON)", folder / KILL_MATRIX, KILL_MATRIX_COMMAND))
+    kill_md = folder / KILL_MATRIX.replace(".json", ".md")
+    for path, kind in ((kill_md, "Markdown"), (folder / KILL_MATRIX, "JSON")):
+        if path.is_file():
+            artifacts.append(Artifact(section, f"Kill matrix ({kind})", path, inv.kill_command))
+    for reports, where in ((inv.models, section), (inv.mutants, "Invariants reports of the mutants")):
+        for report in reports:
+            for path, kind in ((report.path.with_suffix(".md"), "Markdown"), (report.path, "JSON")):
+                if path.is_file():
+                    artifacts.append(Artifact(where, f"{report.model} ({kind})", path, report.command))
     return artifacts
 
 

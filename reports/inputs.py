@@ -111,30 +111,53 @@ def load_budget(folder: Path) -> BudgetResults:
 
 
 @dataclass(frozen=True)
+class InvariantsReport:
+    """One model's invariants report: its JSON file, the model spec it checked, the command that wrote it."""
+
+    path: Path
+    model: str
+    command: str
+
+
+@dataclass(frozen=True)
 class Invariants:
-    """Verdicts of the invariants suite: `verdicts` long (model, property, verdict), `kills` long (mutant, property, verdict)."""
+    """Verdicts of the invariants suite: `verdicts` long (model, property, verdict), `kills` long (mutant, property,
+    verdict); the per-model reports, and the mutants' own reports behind the kill matrix."""
 
     folder: Path
-    reports: dict[Path, str]  # each per-model JSON file and the model spec it checked
+    models: list[InvariantsReport]
+    mutants: list[InvariantsReport]
     verdicts: pd.DataFrame
     kills: pd.DataFrame
+    kill_command: str
+
+
+def _reports(folder: Path) -> list[tuple[InvariantsReport, list[dict]]]:
+    """Each `<model>.json` in folder (the kill matrix aside) with its list of property results."""
+    found = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        if path.name == KILL_MATRIX:
+            continue
+        doc = json.loads(path.read_text())
+        model = doc.get("model", path.stem)
+        command = doc.get("command") or INVARIANTS_COMMAND.format(model=model)
+        found.append((InvariantsReport(path, model, command), doc["properties"]))
+    return found
 
 
 def load_invariants(folder: Path) -> Invariants:
-    """Every `<model>.json` and the kill matrix in `folder`; either may be absent, but not both."""
-    reports = sorted(p for p in folder.glob("*.json") if p.name != KILL_MATRIX) if folder.is_dir() else []
+    """Every `<model>.json` and the kill matrix (with the mutants' reports under mutants/); either may be absent."""
+    models = _reports(folder)
     kill_path = folder / KILL_MATRIX
-    if not reports and not kill_path.is_file():
+    if not models and not kill_path.is_file():
         raise MissingInput(f"no invariants reports in {shown_path(folder)}; produce them with `{INVARIANTS_COMMAND.format(model='reference')}`")
-    verdicts, models = [], {}
-    for path in reports:
-        report = json.loads(path.read_text())
-        models[path] = model = report.get("model", path.stem)
-        verdicts += [{"model": model, "property": p["name"], "verdict": p["verdict"]} for p in report["properties"]]
-    kills = []
+    verdicts = [{"model": r.model, "property": p["name"], "verdict": p["verdict"]} for r, props in models for p in props]
+    kills, kill_command = [], KILL_MATRIX_COMMAND
     if kill_path.is_file():
         matrix = json.loads(kill_path.read_text())
+        kill_command = matrix.get("command") or KILL_MATRIX_COMMAND
         kills = [{"mutant": mutant, "property": prop, "verdict": matrix["verdicts"].get(mutant, {}).get(prop, "missing")}
                  for mutant in matrix["mutants"] for prop in matrix["properties"]]
-    return Invariants(folder, models, pd.DataFrame(verdicts, columns=["model", "property", "verdict"]),
-                      pd.DataFrame(kills, columns=["mutant", "property", "verdict"]))
+    return Invariants(folder, [r for r, _ in models], [r for r, _ in _reports(folder / "mutants")],
+                      pd.DataFrame(verdicts, columns=["model", "property", "verdict"]),
+                      pd.DataFrame(kills, columns=["mutant", "property", "verdict"]), kill_command)

@@ -31,8 +31,15 @@ def write_invariants(folder: Path) -> Path:
         slug = re.sub(r"[^A-Za-z0-9.-]+", "_", model)
         (folder / f"{slug}.json").write_text(json.dumps(report))
         (folder / f"{slug}.md").write_text(f"# Invariants of {model}\n")
-    matrix = {"mutants": list(KILLS), "properties": list(MODELS["reference:big"]), "verdicts": KILLS}
+    matrix = {"mutants": list(KILLS), "properties": list(MODELS["reference:big"]), "verdicts": KILLS,
+              "command": "python -m invariants --kill-matrix"}
     (folder / "kill_matrix.json").write_text(json.dumps(matrix))
+    (folder / "kill_matrix.md").write_text("# Kill matrix\n")
+    (folder / "mutants").mkdir()
+    for mutant, verdicts in KILLS.items():
+        properties = [{"name": name, "verdict": v} for name, v in verdicts.items()]
+        doc = {"model": f"mutant:{mutant}", "command": "python -m invariants --kill-matrix", "properties": properties}
+        (folder / "mutants" / f"mutant-{mutant}.json").write_text(json.dumps(doc))
     return folder
 
 
@@ -68,6 +75,8 @@ def test_index_links_every_report_with_its_command(built):
     for slug, model in (("reference_big", "reference:big"), ("torch-nn", "torch-nn")):  # the invariants reports
         assert f'href="../invariants/{slug}.json"' in page and f'href="../invariants/{slug}.md"' in page
         assert f"`nox -s invariants -- --model {model}`" in readme
+    for name in ("kill_matrix.md", "kill_matrix.json", "mutants/mutant-no_scale.json"):  # the mutants' reports too
+        assert f"](../invariants/{name}) — `python -m invariants --kill-matrix`" in readme
     assert readme.count("`nox -s report`") >= len(generated)
     assert "PPL 3 of 4 rows (n.s.: 1)" in readme  # the table's summary beside its link
 
