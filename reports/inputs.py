@@ -2,8 +2,8 @@
 
 Ablation results live in one folder per budget, `<results>/<budget>/`, each run in a sub-folder holding
 `config.json`, `metrics.jsonl` and, once it ended, `final.json` (committed results add `results.csv` and put the
-run folders under `runs/`; a runner's own `runs/<budget>/` folder reads the same way). The runs are read from
-their final.json files, the source results.csv is gathered from. Invariants verdicts are
+run folders under `runs/`; a runner's own `runs/<budget>/` folder reads the same way). They are read with the
+runner's own readers (ablations.runs), from the final.json files that results.csv is gathered from. Invariants verdicts are
 `<invariants>/<model>.json`, one per model, and `<invariants>/kill_matrix.json`.
 """
 from __future__ import annotations
@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+
+from ablations.runs import read_metrics, results_table
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "reports" / "results"
@@ -61,39 +63,16 @@ def budget_folders(results_dir: Path) -> list[Path]:
     return folders
 
 
-def _flatten(final: dict) -> dict:
-    """One final.json as one table line: the config fields become columns of their own, as in results.csv."""
-    flat = {k: v for k, v in final.items() if k != "config"}
-    flat.update({k: v for k, v in (final.get("config") or {}).items()})
-    return flat
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    """The lines of a JSON-lines file; a torn last line (a run killed mid-write) is left out."""
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
-
-def _metric(value: object) -> float:
-    """A metric as a float; null, missing and non-numbers (diverged or failed runs) become NaN."""
-    try:
-        value = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return math.nan
-    return value
+def _numbers(column: pd.Series) -> pd.Series:
+    """Metrics as floats: null and missing (diverged or failed runs) become NaN."""
+    return pd.to_numeric(column, errors="coerce").astype(float)
 
 
 def load_budget(folder: Path) -> BudgetResults:
     """All runs of one budget folder: finished, diverged and failed ones (with NaN metrics), newest per (row, seed)."""
-    runs = pd.DataFrame([_flatten(json.loads(p.read_text())) | {"run_dir": str(p.parent)}
-                         for p in sorted(folder.rglob("final.json"))])
+    runs = results_table(folder)  # the runner's own reader: one line per final.json, config fields as columns
     for column in ("dev_ppl", "bleu", "params", "steps", "tokens_seen", "tokens_per_s", "wall_s"):
-        runs[column] = runs[column].map(_metric) if column in runs else math.nan
+        runs[column] = _numbers(runs[column]) if column in runs else math.nan
     runs = runs.sort_values("date", kind="stable") if "date" in runs else runs
     runs = runs.drop_duplicates(["row", "seed"], keep="last").reset_index(drop=True)
 
@@ -103,8 +82,7 @@ def load_budget(folder: Path) -> BudgetResults:
         if config.get("row") == "base" and not train:
             train, data = dict(config.get("train") or {}), dict(config.get("data") or {})
         metrics = config_path.with_name("metrics.jsonl")
-        if metrics.is_file():
-            curves += [{"row": config["row"], "seed": config["seed"], **m} for m in _read_jsonl(metrics)]
+        curves += [{"row": config["row"], "seed": config["seed"], **m} for m in read_metrics(metrics)]
     columns = ["row", "seed", "step", "loss", "lr", "tokens_per_s", "time_s", "dev_ppl"]
     curves_df = pd.DataFrame(curves).reindex(columns=columns) if curves else pd.DataFrame(columns=columns)
     return BudgetResults(folder.name, folder, runs, curves_df, train, data)
