@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
 from reports.table3 import per_run  # noqa: E402
 
@@ -23,11 +24,11 @@ sns.set_theme(context="paper", style="whitegrid")
 GROUPS = ("A", "B", "C", "D", "E")
 GROUP_COLOR = dict(zip(("base", *GROUPS, "big"), sns.color_palette("deep", 7)))  # one color per group in every panel
 SOURCE_COLOR = {"ours": "#4c72b0", "paper": "#c44e52"}
-VERDICTS = {"pass": ("#55a868", "pass"), "fail": ("#c44e52", "FAIL"), "not_applicable": ("#bbbbbb", "n/a"),
-            "missing": ("#ffffff", "")}
-KILLS = {"fail": ("#c44e52", "killed"), "pass": ("#eeeeee", "survived"), "not_applicable": ("#bbbbbb", "n/a"),
-         "missing": ("#ffffff", "")}
-
+# verdict -> (color, cell label, legend entry); "missing" is a property a report does not cover
+VERDICTS = {"pass": ("#55a868", "pass", "pass"), "fail": ("#c44e52", "FAIL", "fail"),
+            "not_applicable": ("#bbbbbb", "n/a", "not applicable"), "missing": ("#ffffff", "", "not in the report")}
+KILLS = {"fail": ("#c44e52", "x", "x: the property fails, killing the mutant"), "pass": ("#eeeeee", "", "passes"),
+         "not_applicable": ("#bbbbbb", "n/a", "not applicable"), "missing": ("#ffffff", "", "not in the matrix")}
 
 def _save(fig: plt.Figure, path: Path) -> plt.Figure:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -113,16 +114,22 @@ def params_against_ppl(table: pd.DataFrame, path: Path, title: str) -> plt.Figur
 
 
 def verdict_heatmap(long: pd.DataFrame, index: str, path: Path, title: str, palette: dict) -> plt.Figure:
-    """A categorical heatmap: `index` (models or mutants) by property, each cell colored and labelled by verdict."""
+    """A categorical heatmap: `index` (models or mutants) by property, each cell colored and labelled by verdict;
+    each row's label counts its failing properties (for a mutant, 0 means no property catches it)."""
     wide = long.pivot_table(index=index, columns="property", values="verdict", aggfunc="first", sort=False)
     wide = wide.fillna("missing").where(wide.isin(list(palette)), "missing")
+    wide.index = [f"{name} ({(row == 'fail').sum()} fail)" for name, row in wide.iterrows()]
     codes = wide.map(list(palette).index)
     labels = wide.map(lambda v: palette[v][1])
-    fig, ax = plt.subplots(figsize=(1.0 + 0.55 * wide.shape[1], 1.2 + 0.4 * wide.shape[0]))
-    sns.heatmap(codes, annot=labels, fmt="", cmap=ListedColormap([c for c, _ in palette.values()]),
+    fig, ax = plt.subplots(figsize=(2.0 + 0.32 * wide.shape[1], 1.6 + 0.3 * wide.shape[0]))
+    sns.heatmap(codes, annot=labels, fmt="", cmap=ListedColormap([c for c, _, _ in palette.values()]),
                 vmin=-0.5, vmax=len(palette) - 0.5, cbar=False, linewidths=0.5, linecolor="white",
                 annot_kws={"fontsize": 7}, ax=ax)
-    ax.set(title=title, xlabel="", ylabel="")
+    ax.set(xlabel="", ylabel="")
+    ax.set_title(title, pad=22)
     ax.tick_params(axis="x", rotation=90)
     ax.tick_params(axis="y", rotation=0)
+    shown = set(wide.to_numpy().ravel())
+    ax.legend(handles=[Patch(facecolor=c, edgecolor="#999", label=text) for v, (c, _, text) in palette.items() if v in shown],
+              loc="lower left", bbox_to_anchor=(0, 1.0), ncol=4, frameon=False, fontsize=7)
     return _save(fig, path)

@@ -116,4 +116,5 @@ def test_verdict_heatmap_labels_each_cell_with_its_verdict(tmp_path):
     labels = [t.get_text() for t in fig.axes[0].texts]
     assert labels == ["pass", "pass", "pass", "pass", "n/a", "FAIL"]  # reference's row, then torch-nn's
     fig = figures.verdict_heatmap(inv.kills, "mutant", tmp_path / "k.png", "kills", figures.KILLS)
-    assert [t.get_text() for t in fig.axes[0].texts] == ["killed", "killed", "survived", "survived", "survived", "survived"]
+    assert [t.get_text() for t in fig.axes[0].texts] == ["x", "x", "", "", "", ""]
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["no_causal_mask (2 fail)", "no_scale (0 fail)"]
