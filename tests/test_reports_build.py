@@ -11,7 +11,7 @@ import pytest
 
 from reports import figures, table3
 from reports.__main__ import main
-from reports.inputs import load_budget, load_invariants
+from reports.inputs import load_budget
 from tests.test_reports import write_fixture
 
 MODELS = {"reference:big": {"causal_mask": "pass", "kv_cache": "pass", "softmax_rows": "pass"},
@@ -45,15 +45,19 @@ def write_invariants(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
+    """One build of everything from the fixed results; the figures it saves are kept, by file name, to read back."""
     root = tmp_path_factory.mktemp("build")
     write_fixture(root / "results")
     write_invariants(root / "invariants")
-    code = main(["--results", str(root / "results"), "--invariants", str(root / "invariants"), "--out", str(root / "out")])
-    return code, root
+    drawn, save = {}, figures._save
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(figures, "_save", lambda fig, path: drawn.setdefault(path.name, save(fig, path)))
+        code = main(["--results", str(root / "results"), "--invariants", str(root / "invariants"), "--out", str(root / "out")])
+    return code, root, drawn
 
 
 def test_build_writes_every_table_and_figure(built):
-    code, root = built
+    code, root, _ = built
     out = root / "out"
     assert code == 0
     expected = ["table3/smoke.md", "table3/smoke.html", "table3/smoke.tex", "table3/smoke.csv",
@@ -66,7 +70,7 @@ def test_build_writes_every_table_and_figure(built):
 
 
 def test_index_links_every_report_with_its_command(built):
-    _, root = built
+    _, root, _ = built
     out = root / "out"
     page, readme = (out / "index.html").read_text(), (out / "README.md").read_text()
     generated = [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p.name not in ("index.html", "README.md")]
@@ -98,23 +102,23 @@ def test_with_only_invariants_the_rest_is_built_and_the_skip_reported(tmp_path, 
     assert "## Skipped" in (tmp_path / "out" / "README.md").read_text()
 
 
-def test_group_figure_has_ours_beside_the_papers_for_each_group_and_metric(tmp_path):
-    results = load_budget(write_fixture(tmp_path))
-    table = table3.compare(results.runs)
-    fig = figures.group_changes(table, results.runs, tmp_path / "g.png", "changes")
+def test_group_figure_has_ours_beside_the_papers_for_each_group_and_metric(built):
+    _, root, drawn = built
+    fig = drawn["group_changes.png"]
     titles = [ax.get_title() for ax in fig.axes]
     assert titles[:4] == ["(A) Δ PPL (dev), ours", "(A) Δ PPL (dev), paper", "(A) Δ BLEU (dev), ours", "(A) Δ BLEU (dev), paper"]
     assert len(titles) == 5 * 4 and titles[-1] == "(E) Δ BLEU (dev), paper"
+    table = table3.compare(load_budget(root / "results" / "smoke").runs)
     paper_a = fig.axes[1]  # bar heights are the paper's changes for A1..A4
-    expected = table.loc[["A1", "A2", "A3", "A4"], "ppl_paper_delta"].to_numpy()
-    assert [p.get_height() for p in paper_a.patches] == pytest.approx(expected)
+    assert [p.get_height() for p in paper_a.patches] == pytest.approx(table.loc[["A1", "A2", "A3", "A4"], "ppl_paper_delta"])
+    ours_a = fig.axes[0]  # ours: A1 and A3 ran (+1.0 and +0.05 against base), A2 and A4 did not
+    assert [p.get_height() for p in ours_a.patches] == pytest.approx([1.0, 0.05], abs=1e-9)
 
 
-def test_verdict_heatmap_labels_each_cell_with_its_verdict(tmp_path):
-    inv = load_invariants(write_invariants(tmp_path / "invariants"))
-    fig = figures.verdict_heatmap(inv.verdicts, "model", tmp_path / "v.png", "verdicts", figures.VERDICTS)
-    labels = [t.get_text() for t in fig.axes[0].texts]
-    assert labels == ["pass", "pass", "pass", "pass", "n/a", "FAIL"]  # reference's row, then torch-nn's
-    fig = figures.verdict_heatmap(inv.kills, "mutant", tmp_path / "k.png", "kills", figures.KILLS)
-    assert [t.get_text() for t in fig.axes[0].texts] == ["x", "x", "", "", "", ""]
-    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["no_causal_mask (2 fail)", "no_scale (0 fail)"]
+def test_verdict_heatmap_labels_each_cell_with_its_verdict(built):
+    _, _, drawn = built
+    verdicts = drawn["invariants_verdicts.png"].axes[0]
+    assert [t.get_text() for t in verdicts.texts] == ["pass", "pass", "pass", "pass", "n/a", "FAIL"]  # reference:big, torch-nn
+    kills = drawn["kill_matrix.png"].axes[0]
+    assert [t.get_text() for t in kills.texts] == ["x", "x", "", "", "", ""]
+    assert [t.get_text() for t in kills.get_yticklabels()] == ["no_causal_mask (2 fail)", "no_scale (0 fail)"]
