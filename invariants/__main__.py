@@ -21,6 +21,8 @@ from invariants.suite import PROPERTIES, run_suite, select
 from model.registry import SpecError, default_spec
 
 DEFAULT_OUT = Path("reports/invariants")
+# Mutants run at a small config: the matrix takes minutes instead of an hour; --mutant-overrides "" for base.
+MUTANT_OVERRIDES = "N=2,d_model=64,h=4,d_k=16,d_v=16,d_ff=128,vocab_size=1000"
 
 
 def parse_replay(text: str) -> tuple[str, bytes]:
@@ -45,7 +47,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--replay", default=None, help="a @reproduce_failure(...) line from a report, with --only NAME")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"report folder (default: {DEFAULT_OUT})")
     p.add_argument("--kill-matrix", action="store_true", help="run every mutant and write the kill matrix")
-    p.add_argument("--mutant-overrides", default="", help="config overrides for the mutants, e.g. N=1,d_model=16")
+    p.add_argument("--mutant-overrides", default=MUTANT_OVERRIDES,
+                   help=f"config overrides for the mutants in --kill-matrix (default: {MUTANT_OVERRIDES}; '' for base)")
     p.add_argument("--fresh", action="store_true", help="with --kill-matrix: recompute mutant reports already on disk")
     p.add_argument("--list", action="store_true", help="list the properties and mutants, then exit")
     return p

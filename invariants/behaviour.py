@@ -45,7 +45,7 @@ def padding_invariance(subject: Subject, case: Case) -> float:
 
 
 @invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=eval_pinned,
-           cases=lambda s: eval_cases(s).filter(lambda c: c.batch > 1))
+           cases=lambda s: eval_cases(s, min_batch=2))
 def batch_independence(subject: Subject, case: Case) -> float:
     """An example's logits do not depend on its batch mates: the batch equals each row run alone (eval, float64)."""
     model, batch = subject.model(case.config), case.make_batch(subject)
@@ -75,7 +75,7 @@ def has_dropout(subject: Subject) -> str | None:
 
 
 @invariant(GROUP, tol.EFFECT, pinned=lambda s: pinned_cases(s, train=(True,), capture=(False,)),
-           cases=lambda s: batch_cases(s, train=True, capture=False).filter(lambda c: min(c.src_len, c.tgt_len) >= 4),
+           cases=lambda s: batch_cases(s, train=True, capture=False, min_src=4, min_tgt=4),
            applicable=has_dropout)
 def dropout_active(subject: Subject, case: Case) -> float:
     """In train mode dropout acts: logits differ between two seeds and from eval mode (relative difference, the smaller)."""

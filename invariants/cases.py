@@ -45,7 +45,7 @@ class Case:
 
 
 def batch_cases(subject: Subject, train: bool | None = None, capture: bool | None = None,
-                padded: bool | None = None, min_tgt: int = 1) -> st.SearchStrategy[Case]:
+                padded: bool | None = None, min_batch: int = 1, min_src: int = 1, min_tgt: int = 1) -> st.SearchStrategy[Case]:
     """Cases on random small configs; a flag given as True/False is fixed, None lets hypothesis choose.
 
     capture is only drawn when the model can capture attention probabilities.
@@ -53,7 +53,7 @@ def batch_cases(subject: Subject, train: bool | None = None, capture: bool | Non
     can_capture = "attention_probs" not in subject.unsupported
     flag = lambda fixed: st.just(fixed) if fixed is not None else st.booleans()  # noqa: E731
     return st.builds(
-        Case, small_configs(), st.integers(1, 3), st.integers(1, 7), st.integers(min_tgt, 7), flag(padded),
+        Case, small_configs(), st.integers(min_batch, 3), st.integers(min_src, 7), st.integers(min_tgt, 7), flag(padded),
         flag(train), flag(capture) if can_capture else st.just(False), st.integers(0, 2**16),
     )
 

@@ -64,7 +64,7 @@ def permutation_cross_attention(subject: Subject, case: Case) -> float:
 
 
 @invariant(GROUP, tol.EFFECT, pinned=lambda s: [c for c in pinned(s) if not c.padded],
-           cases=lambda s: batch_cases(s, train=False, capture=False, padded=False).filter(lambda c: c.src_len > 1),
+           cases=lambda s: batch_cases(s, train=False, capture=False, padded=False, min_src=2),
            needs=("positional_table",))
 def permutation_positive_control(subject: Subject, case: Case) -> float:
     """With positional encoding on, permuting the source breaks encoder equivariance measurably."""
