@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 
 from ablations import runs as R
-from ablations.budgets import BUDGETS, budget, select_rows
+from ablations.budgets import BUDGETS, Budget, budget, select_rows
 from ablations.data import ENV_VAR, PRESETS, DataError, data_dir
+from ablations.distributed import check_accumulation, from_environment, main_first, setup, teardown
 from ablations.grid import REPO_ROOT, Grid, prepare_data, run_grid
 from model import SpecError, load_model
 from model.registry import default_spec
@@ -38,27 +39,39 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def budget_from(args: argparse.Namespace) -> Budget:
     b = budget(args.budget)
-    if args.steps is not None:
-        b = b.replace(steps=args.steps)
+    return b.replace(steps=args.steps) if args.steps is not None else b
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """The grid in this process, or data-parallel over the processes torchrun started (ablations/distributed.py)."""
+    b = budget_from(args)
     rows = select_rows(args.rows)
     seeds = parse_seeds(args.seeds)
     preset = args.preset or b.preset
+    ranks = from_environment()
+    check_accumulation(args.accumulation or b.accumulation, ranks)
     device = resolve_device(args.device)
     load_model(args.model)  # a bad spec fails here, in one line, before any data is read
+    device = setup(ranks, device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    data = prepare_data(b, preset, data_dir(args.data), Path(args.runs))
+    data = main_first(ranks, lambda: prepare_data(b, preset, data_dir(args.data), Path(args.runs)))
     scaled = f" (SCALED: sizes / {b.scale})" if b.scaled else ""
-    print(f"budget {b.name}{scaled}, {len(rows)} rows x {len(seeds)} seeds, model {args.model}, device {device}; {data.summary}",
-          file=sys.stderr)
-    grid = Grid(b, rows, seeds, args.model, Path(args.runs), device, args.accumulation, args.max_attempts)
-    outcomes = run_grid(grid, data)
-    bad = [str(d) for d, status in outcomes if status == "failed"]
-    if bad:
-        print(f"{len(bad)} run(s) failed (see error in final.json; re-run to retry): {', '.join(bad)}", file=sys.stderr)
-    return 1 if bad else 0
+    parallel = f" x {ranks.world} data-parallel processes" if ranks.parallel else ""
+    if ranks.main:
+        print(f"budget {b.name}{scaled}, {len(rows)} rows x {len(seeds)} seeds, model {args.model}, device {device}{parallel}; "
+              f"{data.summary}", file=sys.stderr)
+    grid = Grid(b, rows, seeds, args.model, Path(args.runs), device, args.accumulation, args.max_attempts, ranks)
+    try:
+        outcomes = run_grid(grid, data)
+    finally:
+        teardown()
+    if not ranks.main:
+        return 0
+    print(R.summary([d for d, _ in outcomes]), file=sys.stderr)
+    return 1 if any(status == "failed" for _, status in outcomes) else 0
 
 
 def cmd_results(args: argparse.Namespace) -> int:
@@ -86,7 +99,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
         dest = target / "runs" / final.parent.name
         dest.mkdir(parents=True, exist_ok=True)
         for name in R.PUBLISHED:
-            shutil.copyfile(final.parent / name, dest / name)
+            if (final.parent / name).is_file():  # a run that failed before training has no metrics
+                shutil.copyfile(final.parent / name, dest / name)
     table = R.results_table(target / "runs")
     R.write_atomic(target / "results.csv", table.to_csv(index=False))
     print(f"{len(finals)} runs -> {target}/results.csv and {target}/runs/")

@@ -21,6 +21,7 @@ from ablations.batching import BatchStream
 from ablations.bpe import bpe_key, encode, shared_bpe
 from ablations.budgets import Budget, row_config, row_steps
 from ablations.data import PRESETS, load_corpus
+from ablations.distributed import SINGLE, Ranks
 from ablations.evaluate import dev_bleu, perplexity
 from ablations.train import Diverged, TrainSettings, train
 from model import TransformerConfig, count_parameters, load_model
@@ -83,6 +84,7 @@ class Grid:
     device: torch.device
     accumulation: int | None = None
     max_attempts: int = 3
+    ranks: Ranks = SINGLE  # data-parallel processes of each run (torchrun); rank 0 alone writes
 
 
 def describe_device(device: torch.device) -> str:
@@ -110,23 +112,38 @@ def git_commit() -> str | None:
     return (commit + ("+dirty" if dirty.returncode == 1 else "")) or None
 
 
+def run_identity(grid: Grid, row: Table3Row, seed: int, data: PreparedData) -> dict:
+    """Everything that makes a run what it is (its config.json); a hash of it names the run's directory."""
+    b = grid.budget
+    settings = settings_for(row, b, grid.device, grid.accumulation)
+    return {"row": row.name, "group": row.group, "seed": seed, "budget": b.name, "preset": data.preset,
+            "scaled": b.scaled, "model_spec": grid.model_spec, "config": row_config(row, b, data.sp.get_piece_size()).to_dict(),
+            "train": settings.to_dict(), "data": {"bpe": data.bpe_key, "max_train_pairs": b.max_train_pairs, "dev_pairs": b.dev_pairs}}
+
+
+def run_directory(grid: Grid, row: Table3Row, seed: int, data: PreparedData) -> Path:
+    return R.run_dir(grid.runs, grid.budget.name, row.name, seed, run_identity(grid, row, seed, data))
+
+
 def run_one(grid: Grid, row: Table3Row, seed: int, data: PreparedData,
             on_step: Callable[[int], None] | None = None) -> tuple[Path, str]:
-    """Train and score one row with one seed unless its result is already final; returns (run dir, status)."""
+    """Train and score one row with one seed unless its result is already final; returns (run dir, status).
+
+    Data-parallel, every rank trains; rank 0 alone writes and scores (the other ranks return status 'trained').
+    """
     b = grid.budget
     cfg = row_config(row, b, data.sp.get_piece_size())
     settings = settings_for(row, b, grid.device, grid.accumulation)
-    header = {"row": row.name, "group": row.group, "seed": seed, "budget": b.name, "preset": data.preset,
-              "scaled": b.scaled, "model_spec": grid.model_spec}
-    identity = {**header, "config": cfg.to_dict(), "train": settings.to_dict(),
-                "data": {"bpe": data.bpe_key, "max_train_pairs": b.max_train_pairs, "dev_pairs": b.dev_pairs}}
+    identity = run_identity(grid, row, seed, data)
+    header = {k: v for k, v in identity.items() if k not in ("config", "train", "data")}
     directory = R.run_dir(grid.runs, b.name, row.name, seed, identity)
     before = R.status(directory)
     if before in ("finished", "diverged") or (before == "failed" and R.failed_attempts(directory) >= grid.max_attempts):
         return directory, before
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / R.FINAL).unlink(missing_ok=True)  # only a failed result reaches here: it is retried
-    R.write_json(directory / R.CONFIG, identity)
+    if grid.ranks.main:
+        (directory / R.FINAL).unlink(missing_ok=True)  # only a failed result reaches here: it is retried
+        R.write_json(directory / R.CONFIG, identity)
     final = {**header, "status": "finished", "error": None, "dev_ppl": None, "bleu": None, "bleu_tokenized": None,
              "sacrebleu_signature": None, "params": None, "steps": 0, "tokens_seen": 0, "wall_s": None,
              "tokens_per_s": None, "mfu": None, "device": describe_device(grid.device), "torch": torch.__version__,
@@ -138,7 +155,9 @@ def run_one(grid: Grid, row: Table3Row, seed: int, data: PreparedData,
         final["params"] = counts["total"]
         stream = BatchStream(data.train_src, data.train_tgt, settings.micro_tokens, seed)
         label = f"{row.name} s{seed}"
-        state = train(model, settings, stream, (data.dev_src, data.dev_tgt), directory, grid.device, label, on_step)
+        state = train(model, settings, stream, (data.dev_src, data.dev_tgt), directory, grid.device, label, on_step, grid.ranks)
+        if not grid.ranks.main:
+            return directory, "trained"
         final.update(steps=state.step, tokens_seen=state.tokens_seen, wall_s=state.wall_s,
                      tokens_per_s=state.tokens_seen / state.wall_s if state.wall_s else None)
         peak = peak_flops(grid.device)
@@ -152,28 +171,40 @@ def run_one(grid: Grid, row: Table3Row, seed: int, data: PreparedData,
         final.update(bleu=scores.bleu, bleu_tokenized=scores.bleu_tokenized, sacrebleu_signature=scores.signature,
                      eval_s=time.perf_counter() - started)
         R.write_atomic(directory / "dev_hypotheses.txt", "".join(h + "\n" for h in scores.hypotheses))
-    except Diverged as exc:
+    except Diverged as exc:  # every rank sees the same (summed) loss, so all ranks stop here together
         final.update(status="diverged", error=str(exc), steps=exc.step)
-    except Exception as exc:  # noqa: BLE001 - one row's failure must not stop the grid; it is recorded and retried
+    except Exception as exc:  # noqa: BLE001 - one row's failure (out of memory, ...) must not stop the grid; recorded, retried
         error = " ".join(f"{type(exc).__name__}: {exc}".split())
         final.update(status="failed", error=error)
-        R.record_failure(directory, error)
-    final["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    final = {k: R.finite_or_none(v) if isinstance(v, float) else v for k, v in final.items()}
-    R.write_json(directory / R.FINAL, final)
+        if grid.ranks.main:
+            R.record_failure(directory, error)
+        if grid.ranks.parallel:  # ranks out of step cannot go on together: the torchrun job ends, a re-run retries
+            write_final(directory, final, grid.ranks)
+            raise
+    write_final(directory, final, grid.ranks)
     return directory, final["status"]
+
+
+def write_final(directory: Path, final: dict, ranks: Ranks) -> None:
+    """final.json, dated, metrics that are not finite as null; rank 0 alone writes it."""
+    if ranks.main:
+        final["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        R.write_json(directory / R.FINAL, {k: R.finite_or_none(v) if isinstance(v, float) else v for k, v in final.items()})
 
 
 def run_grid(grid: Grid, data: PreparedData) -> list[tuple[Path, str]]:
     """Every (row, seed) in the paper's order under one progress bar; returns each run's directory and status."""
     jobs = [(row, seed) for row in grid.rows for seed in grid.seeds]
     outcomes = []
-    with tqdm(jobs, desc=f"grid {grid.budget.name}", unit="run", dynamic_ncols=True) as bar:
+    with tqdm(jobs, desc=f"grid {grid.budget.name}", unit="run", dynamic_ncols=True, disable=not grid.ranks.main) as bar:
         for row, seed in bar:
             bar.set_postfix(row=row.name, seed=seed)
             directory, status = run_one(grid, row, seed, data)
-            final = R.read_json(directory / R.FINAL) or {}
-            tqdm.write(f"{row.name:>4} s{seed}: {status:<8} dev_ppl={final.get('dev_ppl')} bleu={final.get('bleu')} "
-                       f"params={final.get('params')}  {directory}")
+            if grid.device.type == "cuda":
+                torch.cuda.empty_cache()  # hand back what a run that ran out of memory held before the next one starts
+            if grid.ranks.main:
+                final = R.read_json(directory / R.FINAL) or {}
+                tqdm.write(f"{row.name:>4} s{seed}: {status:<8} dev_ppl={final.get('dev_ppl')} bleu={final.get('bleu')} "
+                           f"params={final.get('params')}  {directory}")
             outcomes.append((directory, status))
     return outcomes

@@ -5,7 +5,8 @@
         metrics.jsonl  one line per logged step: step, loss, lr, tokens_per_s, time_s (and dev_ppl at evaluations)
         final.json     written once the run has ended: status finished | diverged | failed, metrics, provenance
         attempts.json  how many times the run failed (bounded retries)
-        checkpoint.pt  the latest training state (never committed)
+        checkpoint.pt  the latest training state, checksummed (never committed)
+        checkpoint.prev.pt  the one before, used when the latest is damaged
 """
 from __future__ import annotations
 
@@ -80,12 +81,34 @@ def truncate_metrics(path: Path, step: int) -> None:
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
+def previous_checkpoint(path: Path) -> Path:
+    """Where the checkpoint before the latest is kept: checkpoint.pt -> checkpoint.prev.pt."""
+    return path.with_name(f"{path.stem}.prev{path.suffix}")
+
+
 def status(directory: Path) -> str:
     """'finished', 'diverged' or 'failed' from final.json, else 'partial' (a checkpoint) or 'new'."""
     final = read_json(directory / FINAL)
     if final is not None:
         return final["status"]
-    return "partial" if (directory / CHECKPOINT).is_file() else "new"
+    latest = directory / CHECKPOINT
+    return "partial" if latest.is_file() or previous_checkpoint(latest).is_file() else "new"
+
+
+def summary(directories: list[Path]) -> str:
+    """A grid's closing lines: how its runs ended, then each run that did not finish with the reason from final.json."""
+    statuses = [status(d) for d in directories]
+    counts = ", ".join(f"{statuses.count(s)} {s}" for s in ("finished", "diverged", "failed", "partial", "new") if s in statuses)
+    lines = [f"{len(directories)} runs: {counts}"]
+    for directory, state in zip(directories, statuses):
+        if state == "finished":
+            continue
+        config = read_json(directory / CONFIG) or {}
+        reason = (read_json(directory / FINAL) or {}).get("error") or "no result yet: interrupted; a re-run resumes it"
+        if "out of memory" in reason.lower():
+            reason += " (give the step more micro-batches of fewer tokens: --accumulation 2, 4, ...)"
+        lines.append(f"  {config.get('row', '?')} s{config.get('seed', '?')} {state}: {reason}  [{directory}]")
+    return "\n".join(lines)
 
 
 def failed_attempts(directory: Path) -> int:

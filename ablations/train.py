@@ -5,11 +5,19 @@ module to call, so a compiled or DistributedDataParallel wrapper can be passed i
 `train` is the loop: logging to metrics.jsonl, dev perplexity, checkpoints, divergence detection.
 A checkpoint holds the model, the optimizer, the step, the RNG states and the batch stream's
 position, so that a run resumed from it continues exactly as if it had never stopped (on CPU).
+Each checkpoint file starts with a SHA-256 of its contents and the previous one is kept beside it,
+so a checkpoint cut short or corrupted is detected and the run resumes from the one before.
+With `ranks` from ablations.distributed, the same loop trains data-parallel under torchrun.
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import math
+import os
+import sys
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -19,8 +27,9 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ablations.batching import Batch, BatchStream
+from ablations.distributed import SINGLE, Ranks, shard, step_seed, sum_over_ranks, wrap
 from ablations.evaluate import perplexity
-from ablations.runs import CHECKPOINT, METRICS, append_metrics, truncate_metrics
+from ablations.runs import CHECKPOINT, METRICS, append_metrics, previous_checkpoint, truncate_metrics
 from model.objective import learning_rate
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.98), 1e-9
@@ -82,43 +91,77 @@ def make_optimizer(model: nn.Module, device: torch.device) -> torch.optim.Adam:
 
 
 def train_step(model: Callable[..., Tensor], loss_fn: Callable[[Tensor, Tensor], Tensor], optimizer: torch.optim.Optimizer,
-               micro_batches: list[Batch], lr: float, autocast: torch.dtype | None = None) -> float:
+               micro_batches: list[Batch], lr: float, autocast: torch.dtype | None = None,
+               step_tokens: int | None = None, ranks: Ranks = SINGLE) -> float:
     """One optimizer step; returns the training loss per target token over all micro-batches.
 
     Each micro-batch's mean loss is weighted by its share of the step's target tokens, so the gradient
-    is the same as that of one batch holding them all.
+    is the same as that of one batch holding them all. Data-parallel, micro_batches are this rank's
+    share and step_tokens the target tokens of the whole step: DDP averages gradients over the ranks,
+    so each rank scales its share by their number, and the loss returned is the whole step's.
     """
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
-    total = sum(b.tgt_tokens for b in micro_batches)
+    total = step_tokens or sum(b.tgt_tokens for b in micro_batches)
     loss_sum = torch.zeros((), dtype=torch.float64, device=micro_batches[0].src.device)
-    for b in micro_batches:
+    for i, b in enumerate(micro_batches):
         device_type = b.src.device.type
-        with torch.autocast(device_type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-            logits = model(b.src, b.tgt_in, b.src_pad, b.tgt_pad)
-        loss = loss_fn(logits if autocast is None else logits.float(), b.tgt_out)  # the loss in fp32 under autocast
-        (loss * (b.tgt_tokens / total)).backward()
+        last = i == len(micro_batches) - 1  # DDP all-reduces the accumulated gradients once, after the last backward
+        with model.no_sync() if ranks.parallel and not last else nullcontext():
+            with torch.autocast(device_type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+                logits = model(b.src, b.tgt_in, b.src_pad, b.tgt_pad)
+            loss = loss_fn(logits if autocast is None else logits.float(), b.tgt_out)  # the loss in fp32 under autocast
+            (loss * (b.tgt_tokens * ranks.world / total)).backward()
         loss_sum += loss.detach() * b.tgt_tokens
     optimizer.step()
-    return loss_sum.item() / total
+    return sum_over_ranks(loss_sum, ranks).item() / total
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint file cut short or altered: its contents do not match the SHA-256 it starts with."""
+
+
+CHECKSUM_HEADER = b"aiayn-checkpoint sha256="  # + 64 hex digits + newline, then the torch.save bytes
 
 
 def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState) -> None:
-    """Everything needed to continue the run exactly, written to a temporary file and renamed over the old one."""
+    """Everything needed to continue the run exactly, behind a SHA-256 of it; the latest checkpoint becomes the previous.
+
+    Written to a temporary file and renamed: a kill at any moment leaves the latest or the previous checkpoint whole.
+    """
     payload = {
         "model": model.state_dict(), "optimizer": optimizer.state_dict(), "state": asdict(state),
         "rng_cpu": torch.get_rng_state(),
         "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    body = buffer.getbuffer()
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)
+    with open(tmp, "wb") as f:
+        f.write(CHECKSUM_HEADER + hashlib.sha256(body).hexdigest().encode() + b"\n")
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    if path.is_file():
+        os.replace(path, previous_checkpoint(path))
+    os.replace(tmp, path)
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A checkpoint's contents (tensors on the CPU) once its checksum holds; raises CorruptCheckpoint otherwise."""
+    data = path.read_bytes()
+    header, _, body = data.partition(b"\n")
+    if not header.startswith(CHECKSUM_HEADER) or header[len(CHECKSUM_HEADER):] != hashlib.sha256(body).hexdigest().encode():
+        raise CorruptCheckpoint(f"{path.name} fails its checksum ({len(data)} bytes): cut short or corrupted")
+    return torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
 
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> TrainState:
-    """Restore model, optimizer and RNG states in place; returns the progress."""
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    """Restore model, optimizer and RNG states in place; returns the progress. A damaged file raises
+    CorruptCheckpoint before anything is restored."""
+    payload = read_checkpoint(path)
     model.load_state_dict(payload["model"])
     optimizer.load_state_dict(payload["optimizer"])
     torch.set_rng_state(payload["rng_cpu"])
@@ -127,32 +170,60 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     return TrainState(**payload["state"])
 
 
+def resume(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, label: str = "") -> TrainState:
+    """Load the latest intact checkpoint of a run (the latest, else the previous), saying which; a fresh state if none."""
+    label = label or run_dir.name
+    latest = run_dir / CHECKPOINT
+    for path in (latest, previous_checkpoint(latest)):
+        if not path.is_file():
+            continue
+        try:
+            state = load_checkpoint(path, model, optimizer)
+        except CorruptCheckpoint as exc:
+            print(f"{label}: {exc}; trying the previous checkpoint", file=sys.stderr)
+            continue
+        print(f"{label}: resuming from {path.name} at step {state.step}", file=sys.stderr)
+        return state
+    if latest.is_file() or previous_checkpoint(latest).is_file():
+        print(f"{label}: no intact checkpoint in {run_dir}; starting from step 0", file=sys.stderr)
+    return TrainState()
+
+
 def train(model: nn.Module, settings: TrainSettings, stream: BatchStream, dev: tuple[list[list[int]], list[list[int]]],
-          run_dir: Path, device: torch.device, label: str = "", on_step: Callable[[int], None] | None = None) -> TrainState:
-    """Train until settings.steps, resuming from run_dir's checkpoint if there is one; raises Diverged."""
+          run_dir: Path, device: torch.device, label: str = "", on_step: Callable[[int], None] | None = None,
+          ranks: Ranks = SINGLE) -> TrainState:
+    """Train until settings.steps, resuming from run_dir's checkpoint if there is one; raises Diverged.
+
+    Data-parallel (ranks.parallel), every rank resumes from the same checkpoint, reads the same stream and
+    trains on its share of each step's micro-batches; rank 0 alone logs, evaluates and checkpoints.
+    """
     optimizer = make_optimizer(model, device)
-    state = TrainState()
-    if (run_dir / CHECKPOINT).is_file():
-        state = load_checkpoint(run_dir / CHECKPOINT, model, optimizer)
+    state = resume(run_dir, model, optimizer, label)
+    if ranks.main:
         truncate_metrics(run_dir / METRICS, state.step)
     stream.seek(state.epoch, state.index)
-    forward = torch.compile(model) if settings.compile and device.type == "cuda" else model
+    forward = wrap(model, ranks, device)
+    forward = torch.compile(forward) if settings.compile and device.type == "cuda" else forward
     vocab = model.config.vocab_size
-    bar = tqdm(total=settings.steps, initial=state.step, desc=label, unit="step", leave=False, dynamic_ncols=True)
+    bar = tqdm(total=settings.steps, initial=state.step, desc=label, unit="step", leave=False, dynamic_ncols=True,
+               disable=not ranks.main)
     window_tokens, window_s = 0, 0.0
     model.train()
     while state.step < settings.steps:
         started = time.perf_counter()
-        micro = [stream.next().to(device) for _ in range(settings.accumulation)]
+        micro = [stream.next() for _ in range(settings.accumulation)]
+        if ranks.parallel:  # each rank its own dropout masks, the same ones again after a resume
+            torch.manual_seed(step_seed(stream.seed, state.step, ranks.rank))
         lr = learning_rate(state.step + 1, model.config.d_model, settings.warmup)
-        loss = train_step(forward, model.loss, optimizer, micro, lr, settings.autocast)
+        loss = train_step(forward, model.loss, optimizer, [b.to(device) for b in shard(micro, ranks)], lr,
+                          settings.autocast, sum(b.tgt_tokens for b in micro), ranks)
         elapsed = time.perf_counter() - started
         tokens = sum(b.src_tokens + b.tgt_tokens for b in micro)
         state.step, state.tokens_seen, state.wall_s = state.step + 1, state.tokens_seen + tokens, state.wall_s + elapsed
         state.epoch, state.index = stream.epoch, stream.index
         window_tokens, window_s = window_tokens + tokens, window_s + elapsed
         diverged = not math.isfinite(loss) or loss > DIVERGED_LOSS * math.log(vocab)
-        if diverged or state.step % settings.log_every == 0 or state.step == settings.steps:
+        if ranks.main and (diverged or state.step % settings.log_every == 0 or state.step == settings.steps):
             record = {"step": state.step, "loss": loss, "lr": lr, "tokens_per_s": window_tokens / window_s, "time_s": state.wall_s}
             if not diverged and (state.step % settings.eval_every == 0 or state.step == settings.steps):
                 record["dev_ppl"] = perplexity(model, *dev, device, settings.micro_tokens, settings.autocast)
@@ -163,7 +234,7 @@ def train(model: nn.Module, settings: TrainSettings, stream: BatchStream, dev: t
         if diverged:
             bar.close()
             raise Diverged(state.step, loss)
-        if state.step % settings.checkpoint_every == 0 or state.step == settings.steps:
+        if ranks.main and (state.step % settings.checkpoint_every == 0 or state.step == settings.steps):
             save_checkpoint(run_dir / CHECKPOINT, model, optimizer, state)
         bar.update(1)
         if on_step is not None:

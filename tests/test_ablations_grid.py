@@ -11,6 +11,7 @@ import torch
 from ablations import runs as R
 from ablations.budgets import BUDGETS
 from ablations.grid import Grid, prepare_data, run_grid, run_one
+from ablations.train import read_checkpoint
 from model.table3 import table3_rows
 
 REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -104,7 +105,7 @@ def test_an_interrupted_run_resumed_from_its_checkpoint_ends_exactly_as_the_unin
         run_one(fresh, base, 1, data, on_step=stop_at_13)
     directory = next((tmp_path / "smoke").iterdir())
     assert R.status(directory) == "partial"
-    assert torch.load(directory / R.CHECKPOINT, weights_only=True)["state"]["step"] == 8
+    assert read_checkpoint(directory / R.CHECKPOINT)["state"]["step"] == 8
     assert run_one(fresh, base, 1, data) == (directory, "finished")
 
     resumed, uninterrupted = R.read_json(directory / R.FINAL), finals["base"]

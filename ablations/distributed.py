@@ -1,0 +1,119 @@
+"""Data-parallel training of one run with torch.distributed: DDP over the processes torchrun starts.
+
+    torchrun --nproc_per_node 4 -m ablations run --rows base --budget short
+
+torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; `setup` joins the process group (NCCL on GPUs, gloo on
+CPU) and gives each process its GPU. Every rank reads the same deterministic batch stream and keeps
+its share of each step's micro-batches (`shard`), so a step trains on exactly the batches of a
+single-process run with the same --accumulation; DDP averages the gradients. Rank 0 alone writes
+logs, checkpoints and results; every rank resumes from the same checkpoint.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Callable, Sequence, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+T = TypeVar("T")
+# Rank 0 scores the dev set (perplexity, beam search) while the others wait at their next collective.
+TIMEOUT = datetime.timedelta(hours=2)
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """Where this process stands among the data-parallel processes of one run (world 1: a plain process)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the one process that writes metrics, checkpoints, config.json and final.json."""
+        return self.rank == 0
+
+    @property
+    def parallel(self) -> bool:
+        return self.world > 1
+
+
+SINGLE = Ranks()
+
+
+def from_environment() -> Ranks:
+    """The ranks torchrun describes in RANK, WORLD_SIZE and LOCAL_RANK; a plain process is SINGLE."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return SINGLE
+    return Ranks(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+
+
+def setup(ranks: Ranks, device: torch.device) -> torch.device:
+    """Join the process group (NCCL for CUDA, gloo for CPU) and return this rank's device."""
+    if not ranks.parallel:
+        return device
+    if device.type == "cuda":
+        if torch.cuda.device_count() <= ranks.local_rank:
+            raise ValueError(f"rank {ranks.rank} wants GPU {ranks.local_rank} but this machine shows "
+                             f"{torch.cuda.device_count()}; start at most that many processes per node")
+        device = torch.device("cuda", ranks.local_rank)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
+    return device
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def check_accumulation(accumulation: int, ranks: Ranks) -> None:
+    """Each rank takes whole micro-batches, so a step's micro-batches must divide evenly among the ranks."""
+    if accumulation % ranks.world:
+        raise ValueError(f"--accumulation {accumulation} cannot be split among {ranks.world} processes; give a multiple "
+                         f"of {ranks.world}, e.g. --accumulation {ranks.world} (the same batches as one process with it)")
+
+
+def shard(micro_batches: Sequence[T], ranks: Ranks) -> list[T]:
+    """This rank's micro-batches of a step: every world-th one, starting at the rank."""
+    return list(micro_batches[ranks.rank::ranks.world])
+
+
+def wrap(model: nn.Module, ranks: Ranks, device: torch.device) -> nn.Module:
+    """The module to call for training: DistributedDataParallel over the ranks, or the model itself."""
+    if not ranks.parallel:
+        return model
+    return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """The dropout seed of one rank at one step: ranks draw different masks, and a resumed run draws the same ones."""
+    return (seed * 1_000_003 + step) * 1_009 + rank
+
+
+def sum_over_ranks(value: torch.Tensor, ranks: Ranks) -> torch.Tensor:
+    """The sum of a tensor over all ranks (itself in a plain process)."""
+    if ranks.parallel:
+        dist.all_reduce(value)
+    return value
+
+
+def barrier(ranks: Ranks) -> None:
+    if ranks.parallel:
+        dist.barrier()
+
+
+def main_first(ranks: Ranks, make: Callable[[], T]) -> T:
+    """make() on rank 0, then on the other ranks: what rank 0 caches (the BPE model) they load rather than train again."""
+    if ranks.main:
+        made = make()
+    barrier(ranks)
+    if not ranks.main:
+        made = make()
+    return made

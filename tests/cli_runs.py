@@ -1,0 +1,76 @@
+"""Helpers for tests that run `python -m ablations` (or torchrun) as real processes on the smoke budget.
+
+The BPE of the smoke budget is trained once per test session and copied into each test's runs folder,
+so that every process finds it cached. One thread per process: the runs are bitwise reproducible
+on CPU with a fixed thread count, and the two cores of CI are shared by the processes of a test.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ablations import runs as R
+from ablations.budgets import BUDGETS
+from ablations.grid import prepare_data
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_DATA = REPO.parent / "shared" / "data"
+needs_data = pytest.mark.skipif(not REAL_DATA.is_dir(), reason="needs ../shared/data")
+# Training steps of the CLI tests: logs at 4, 8, 12, checkpoints at 8 and 12, dev perplexity at 12 (smoke budget).
+STEPS = 12
+
+
+def environment() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "AIAYN_DATA": str(REAL_DATA), "PYTHONPATH": str(REPO)}
+
+
+def smoke_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A runs folder whose cache/ holds the smoke budget's BPE."""
+    runs = tmp_path_factory.mktemp("bpe-cache")
+    prepare_data(BUDGETS["smoke"], "multi30k", REAL_DATA, runs)
+    return runs / "cache"
+
+
+def runs_folder(tmp: Path, cache: Path) -> Path:
+    """A fresh runs folder with the cached BPE in it."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(cache, tmp / "cache")
+    return tmp
+
+
+def ablations_argv(runs: Path, rows: str = "base", *extra: str) -> list[str]:
+    return ["run", "--budget", "smoke", "--rows", rows, "--steps", str(STEPS), "--device", "cpu", "--runs", str(runs), *extra]
+
+
+def run_ablations(runs: Path, rows: str = "base", *extra: str, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`python -m ablations run ...` (or under a launcher such as torchrun) on the smoke budget; output captured."""
+    command = [*(launcher or (sys.executable,)), "-m", "ablations", *ablations_argv(runs, rows, *extra)]
+    return subprocess.run(command, cwd=REPO, env=environment(), capture_output=True, text=True, timeout=300)
+
+
+def only_run(runs: Path, seed: str = "") -> Path:
+    """The one run directory under a runs folder (with `-s<seed>-` in its name, if given)."""
+    found = [p.parent for p in (runs / "smoke").glob(f"*{seed and f'-{seed}-'}*/{R.CONFIG}")]
+    assert len(found) == 1, f"expected one run under {runs}, found {found}"
+    return found[0]
+
+
+def logged(directory: Path, keys: tuple[str, ...] = ("step", "loss", "lr", "dev_ppl")) -> list[dict]:
+    """metrics.jsonl without the timing fields, which differ between any two runs."""
+    return [{k: r[k] for k in keys if k in r} for r in map(json.loads, (directory / R.METRICS).read_text().splitlines())]
+
+
+RESULT_KEYS = ("status", "dev_ppl", "bleu", "bleu_tokenized", "params", "steps", "tokens_seen")
+
+
+def result(directory: Path) -> dict:
+    """final.json without provenance and timing."""
+    final = R.read_json(directory / R.FINAL)
+    assert final is not None, f"no final.json in {directory}"
+    return {k: final[k] for k in RESULT_KEYS}
