@@ -1,4 +1,4 @@
-"""python -m ablations run | results | publish  (also: nox -s ablations -- run ...)."""
+"""python -m ablations run | results | publish  (also: nox -s ablations -- run ...; `run` may be left out)."""
 from __future__ import annotations
 
 import argparse
@@ -136,6 +136,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0].startswith("--") and argv[0] != "--help":
+        argv = ["run", *argv]  # the issue's form: python -m ablations --budget smoke --rows all
     args = parser().parse_args(argv)
     try:
         return args.func(args)

@@ -85,7 +85,8 @@ class BatchStream:
     def seek(self, epoch: int, index: int) -> None:
         """Continue from a saved position: batch `index` of epoch `epoch`."""
         if epoch != self.epoch:
-            self.epoch, self._batches = epoch, bucketed_batches(self.src_lens, self.tgt_lens, self.max_tokens, self.seed, epoch)
+            self.epoch = epoch
+            self._batches = self._epoch_batches()
         self.index = index
 
     @property

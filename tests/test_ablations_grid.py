@@ -11,6 +11,8 @@ import torch
 from ablations import runs as R
 from ablations.budgets import BUDGETS
 from ablations.grid import Grid, prepare_data, run_grid, run_one
+from ablations.train import load_checkpoint, make_optimizer
+from model import Transformer, TransformerConfig
 from ablations.train import read_checkpoint
 from model.table3 import table3_rows
 

@@ -13,7 +13,9 @@ from ablations.budgets import BUDGETS, select_rows
 from ablations.grid import Grid, prepare_data, run_grid, run_one
 from ablations.train import TrainState, load_checkpoint, make_optimizer, save_checkpoint, train_step
 from model import Transformer, TransformerConfig
+from tests.test_ablations_grid import single_thread  # noqa: F401 (a fixture)
 
+pytestmark = pytest.mark.usefixtures("single_thread")  # see tests/test_ablations_grid.py
 REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 needs_data = pytest.mark.skipif(not REAL_DATA.is_dir(), reason="needs ../shared/data")
 TINY = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=30, max_len=32, P_drop=0.0)
