@@ -81,7 +81,10 @@ def cmd_results(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".parquet":
-        table.to_parquet(out, index=False)
+        try:
+            table.to_parquet(out, index=False)
+        except ImportError:
+            raise ValueError(f"writing {out} needs pyarrow (pip install pyarrow), or ask for a .csv file") from None
     else:
         R.write_atomic(out, table.to_csv(index=False))
     print(f"{len(table)} runs -> {out}")

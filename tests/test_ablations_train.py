@@ -150,3 +150,15 @@ def test_cli_errors_are_one_line_with_exit_status_2(argv, message, capsys, tmp_p
     assert main([*argv, "--runs", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1
+
+
+@needs_data
+def test_publish_copies_results_but_no_checkpoint_and_gathers_them_in_one_table(tiny_data, tmp_path, capsys):
+    runs, data = tiny_data
+    directory, status = run_one(grid_of(runs / "pub", "reference"), select_rows("base")[0], 1, data)
+    assert status == "finished" and (directory / R.CHECKPOINT).is_file()
+    assert main(["publish", "--budget", "smoke", "--runs", str(runs / "pub"), "--out", str(tmp_path)]) == 0
+    published = tmp_path / "runs" / directory.name
+    assert sorted(p.name for p in published.iterdir()) == sorted(R.PUBLISHED)
+    assert main(["results", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "all.csv")]) == 0
+    assert (tmp_path / "all.csv").read_text() == (tmp_path / "results.csv").read_text()
