@@ -6,7 +6,6 @@ import json
 import re
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from reports import figures, table3
