@@ -1,0 +1,187 @@
+"""Fan a grid's runs out: one run per GPU of this machine, or one SLURM job per run through submitit.
+
+    python -m ablations.fanout --gpus 0,1,2,3 --budget short --rows all      # one run per GPU at a time
+    python -m ablations.fanout --workers 2 --device cpu --budget smoke       # plain CPU processes
+    python -m ablations.fanout --slurm --partition gpu --budget short        # one SLURM job per run (pip install '.[slurm]')
+
+There is no scheduler here. Each run is an ordinary `python -m ablations run --rows ROW --seeds SEED ...`
+and the runs folder stays the single source of truth: a run already finished is skipped, one cut short
+resumes from its checkpoint, so runs may finish anywhere, in any order, and a fan-out can simply be
+started again. Every option after the fan-out's own is an option of `python -m ablations run`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+import torch
+
+from ablations import runs as R
+from ablations.__main__ import budget_from, parse_seeds, resolve_device
+from ablations.__main__ import parser as runner_parser
+from ablations.budgets import select_rows
+from ablations.data import DataError, data_dir
+from ablations.grid import Grid, PreparedData, prepare_data, run_directory
+from model import SpecError
+
+NARROWED = ("--rows", "--seeds")  # the fan-out sets these itself, once per run
+
+
+@dataclass(frozen=True)
+class Job:
+    """One (row, seed) of the grid and the `python -m ablations` arguments that run it."""
+
+    row: str
+    seed: int
+    argv: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.row}-s{self.seed}"
+
+
+def without(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """argv with every `--opt value` and `--opt=value` of the given options removed."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        elif not arg.startswith(tuple(f"{o}=" for o in options)):
+            kept.append(arg)
+    return kept
+
+
+def split(run_argv: list[str]) -> tuple[argparse.Namespace, list[Job]]:
+    """The parsed `run` options and one job per (row, seed) they select, in the paper's order."""
+    args = runner_parser().parse_args(["run", *run_argv])
+    common = without(run_argv, NARROWED)
+    jobs = [Job(row.name, seed, ("run", *common, "--rows", row.name, "--seeds", str(seed)))
+            for row in select_rows(args.rows) for seed in parse_seeds(args.seeds)]
+    return args, jobs
+
+
+def warm_cache(args: argparse.Namespace) -> PreparedData:
+    """Train the shared BPE once, here, so that the runs load it instead of racing to train it side by side."""
+    b = budget_from(args)
+    return prepare_data(b, args.preset or b.preset, data_dir(args.data), Path(args.runs))
+
+
+def job_environment(slot: str | None, slots: int) -> dict[str, str]:
+    """A GPU slot sees only its GPU; plain worker slots (None) see the machine as it is and share its cores."""
+    env = dict(os.environ)
+    if slot is None:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // slots)))
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = slot
+    return env
+
+
+def run_local(jobs: list[Job], slots: list[str | None], log_dir: Path) -> dict[str, int]:
+    """Run the jobs as plain processes, at most one per slot at a time; returns each job's exit status.
+
+    A slot is a GPU index (the process sees only that GPU) or None (a plain worker). Each job's output
+    goes to <log_dir>/<row>-s<seed>.log; a job that fails does not stop the others.
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    free: queue.Queue[str | None] = queue.Queue()
+    for slot in slots:
+        free.put(slot)
+
+    def launch(job: Job) -> int:
+        slot = free.get()
+        try:
+            with open(log_dir / f"{job.name}.log", "w", encoding="utf-8") as log:
+                return subprocess.run([sys.executable, "-m", "ablations", *job.argv], stdout=log, stderr=subprocess.STDOUT,
+                                      env=job_environment(slot, len(slots)), check=False).returncode
+        finally:
+            free.put(slot)
+
+    codes: dict[str, int] = {}
+    with ThreadPoolExecutor(max_workers=len(slots)) as pool, tqdm(total=len(jobs), desc="fan-out", unit="run") as bar:
+        futures = {pool.submit(launch, job): job for job in jobs}
+        for future in futures:
+            job = futures[future]
+            codes[job.name] = future.result()
+            bar.update(1)
+    return codes
+
+
+def summary(args: argparse.Namespace, jobs: list[Job], data: PreparedData, device: torch.device,
+            codes: dict[str, int]) -> tuple[str, bool]:
+    """The closing summary read from the runs folder (the one source of truth) and whether every run finished.
+
+    `device` is the jobs' device type (it is part of a run's identity: bf16 and compilation on a GPU).
+    """
+    rows = {row.name: row for row in select_rows(args.rows)}
+    grid = Grid(budget_from(args), list(rows.values()), parse_seeds(args.seeds), args.model, Path(args.runs), device,
+                args.accumulation, args.max_attempts)
+    directories = [run_directory(grid, rows[job.row], job.seed, data) for job in jobs]
+    text = R.summary(directories)
+    unrecorded = [job.name for job, d in zip(jobs, directories) if R.read_json(d / R.FINAL) is None]
+    if unrecorded:
+        exits = ", ".join(f"{name} (exit status {codes.get(name)})" for name in unrecorded)
+        text += f"\n{len(unrecorded)} run(s) left no result: {exits}; see their logs, then start the fan-out again"
+    return text, all(R.status(d) == "finished" for d in directories)
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(prog="python -m ablations.fanout", description=__doc__.split("\n")[0],
+                                epilog="Any other option is passed to every `python -m ablations run`.")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--gpus", help="GPU indices of this machine, one run on each at a time: 0,1,2,3")
+    where.add_argument("--workers", type=int, help="this many plain processes at a time (with --device cpu)")
+    where.add_argument("--slurm", action="store_true", help="one SLURM job per run through submitit")
+    where.add_argument("--submitit-local", action="store_true", help="submitit's local executor (to try the SLURM path)")
+    p.add_argument("--partition", help="SLURM partition (--slurm)")
+    p.add_argument("--time", type=int, default=60, help="minutes per job before submitit requeues it (default 60)")
+    p.add_argument("--array-parallelism", type=int, default=32, help="SLURM jobs running at once (default 32)")
+    p.add_argument("--no-wait", action="store_true", help="submit and exit (--slurm); collect with `python -m ablations results`")
+    return p.parse_known_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    own, run_argv = parse_args(argv)
+    try:
+        args, jobs = split(run_argv)
+        data = warm_cache(args)
+        log_dir = Path(args.runs) / "logs" / args.budget
+        # The jobs' device: a GPU on a SLURM node even when this login node has none.
+        device = torch.device("cuda") if own.slurm and args.device != "cpu" else resolve_device(args.device)
+        if own.gpus:
+            gpus = [g.strip() for g in own.gpus.split(",")]
+            if not all(g.isdigit() for g in gpus):
+                raise ValueError(f"--gpus {own.gpus!r}: give GPU indices such as 0,1,2,3")
+            codes = run_local(jobs, gpus, log_dir)
+        elif own.workers is not None:
+            if own.workers < 1:
+                raise ValueError(f"--workers {own.workers}: give at least 1")
+            codes = run_local(jobs, [None] * own.workers, log_dir)
+        else:
+            try:
+                from ablations.slurm import submit  # submitit is an optional extra
+            except ModuleNotFoundError as exc:
+                raise ValueError(f"{exc.name} is not installed; install the extra: pip install -e '.[slurm]'") from None
+            codes = submit(jobs, log_dir, local=own.submitit_local, partition=own.partition, minutes=own.time,
+                           parallelism=own.array_parallelism, wait=not own.no_wait)
+            if codes is None:
+                return 0
+        text, complete = summary(args, jobs, data, device, codes)
+    except (DataError, SpecError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0 if complete else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Fan-out of grid rows: plain processes (one per GPU, or CPU workers here) and submitit's local executor.
+
+The runs folder is the only shared state: a row finished by one fan-out is skipped by the next, whichever
+executor runs it.
+"""
+import pytest
+
+from ablations import runs as R
+from ablations.fanout import main, split, without
+from tests.cli_runs import REAL_DATA, needs_data, runs_folder, smoke_cache
+
+
+def test_rows_and_seeds_are_taken_out_of_the_arguments_passed_on():
+    argv = ["--budget", "smoke", "--rows", "base,A", "--seeds=1-2", "--steps", "4"]
+    assert without(argv, ("--rows", "--seeds")) == ["--budget", "smoke", "--steps", "4"]
+
+
+def test_each_row_and_seed_becomes_one_run_of_the_runner():
+    _, jobs = split(["--budget", "smoke", "--rows", "B", "--seeds", "1,3", "--steps", "4"])
+    assert [job.name for job in jobs] == ["B1-s1", "B1-s3", "B2-s1", "B2-s3"]
+    assert jobs[1].argv == ("run", "--budget", "smoke", "--steps", "4", "--rows", "B1", "--seeds", "3")
+
+
+def test_gpu_indices_must_be_numbers(capsys):
+    assert main(["--gpus", "0,one", "--budget", "smoke", "--rows", "base", "--data", str(REAL_DATA)]) == 2
+    assert capsys.readouterr().err.startswith("error: --gpus '0,one': give GPU indices such as 0,1,2,3")
+
+
+def finals(runs) -> dict:
+    return {path.parent.name: (path.stat().st_mtime_ns, R.read_json(path)["status"]) for path in (runs / "smoke").glob(f"*/{R.FINAL}")}
+
+
+@needs_data
+@pytest.mark.slow
+def test_rows_fanned_out_finish_anywhere_and_a_finished_row_is_skipped(tmp_path_factory, capsys):
+    runs = runs_folder(tmp_path_factory.mktemp("fanout"), smoke_cache(tmp_path_factory))
+    common = ["--budget", "smoke", "--steps", "4", "--device", "cpu", "--runs", str(runs), "--data", str(REAL_DATA)]
+
+    assert main(["--workers", "2", "--rows", "base,D1", *common]) == 0
+    first = finals(runs)
+    assert sorted(name.split("-")[0] for name in first) == ["D1", "base"]
+    assert {status for _, status in first.values()} == {"finished"}
+    assert (runs / "logs" / "smoke" / "D1-s1.log").is_file()
+
+    # submitit's local executor (the SLURM path's code, as processes here) picks up the same folder: D1 is
+    # skipped untouched, D2 runs.
+    assert main(["--submitit-local", "--rows", "D1,D2", *common]) == 0
+    second = finals(runs)
+    assert {name: second[name] for name in first} == first
+    assert sorted(name.split("-")[0] for name in second) == ["D1", "D2", "base"]
+    assert capsys.readouterr().out.endswith("2 runs: 2 finished\n")
