@@ -46,6 +46,7 @@ class BudgetResults:
     curves: pd.DataFrame
     train: dict[str, object]  # training settings of the base run (config.json "train"), for the header
     data: dict[str, object]  # data sizes of the base run (config.json "data"), for the header
+    superseded: list[str]  # run folders left out because a newer run has the same row and seed
 
     @property
     def scaled(self) -> bool:
@@ -69,15 +70,20 @@ def _numbers(column: pd.Series) -> pd.Series:
 
 
 def load_budget(folder: Path) -> BudgetResults:
-    """All runs of one budget folder: finished, diverged and failed ones (with NaN metrics), newest per (row, seed)."""
+    """All runs of one budget folder: finished, diverged and failed ones (with NaN metrics), the newest per (row, seed);
+    the older ones are named in `superseded` so that the header can say so."""
     runs = results_table(folder)  # the runner's own reader: one line per final.json, config fields as columns
     for column in ("dev_ppl", "bleu", "params", "steps", "tokens_seen", "tokens_per_s", "wall_s"):
         runs[column] = _numbers(runs[column]) if column in runs else math.nan
     runs = runs.sort_values("date", kind="stable") if "date" in runs else runs
-    runs = runs.drop_duplicates(["row", "seed"], keep="last").reset_index(drop=True)
+    newest = runs.drop_duplicates(["row", "seed"], keep="last")
+    superseded = runs.drop(newest.index)["run_dir"].tolist()  # older runs of the same row and seed (another config)
+    runs = newest.reset_index(drop=True)
 
     curves, train, data = [], {}, {}
     for config_path in sorted(folder.rglob("config.json")):
+        if config_path.parent.name in superseded:
+            continue
         config = json.loads(config_path.read_text())
         if config.get("row") == "base" and not train:
             train, data = dict(config.get("train") or {}), dict(config.get("data") or {})
@@ -85,7 +91,7 @@ def load_budget(folder: Path) -> BudgetResults:
         curves += [{"row": config["row"], "seed": config["seed"], **m} for m in read_metrics(metrics)]
     columns = ["row", "seed", "step", "loss", "lr", "tokens_per_s", "time_s", "dev_ppl"]
     curves_df = pd.DataFrame(curves).reindex(columns=columns) if curves else pd.DataFrame(columns=columns)
-    return BudgetResults(folder.name, folder, runs, curves_df, train, data)
+    return BudgetResults(folder.name, folder, runs, curves_df, train, data, superseded)
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,8 @@ def provenance(results: BudgetResults, table: pd.DataFrame) -> list[tuple[str, s
         ("seeds", f"{_span(ran, str)} finished per row that ran; not run: {', '.join(not_run) or 'none'}"
                   if len(ran) else "no finished run"),
         ("sacreBLEU", unique("sacrebleu_signature")),
-        ("results", shown_path(results.folder)),
+        ("results", shown_path(results.folder) + (f"; superseded by a newer run of the same row and seed: "
+                                                   f"{', '.join(results.superseded)}" if results.superseded else "")),
     ]
 
 

@@ -33,11 +33,12 @@ SMOKE_VOCAB = 1000
 STEPS = 40
 
 
-def write_run(root: Path, row: str, seed: int, result: tuple[float, float] | None, budget: str = "smoke") -> Path:
+def write_run(root: Path, row: str, seed: int, result: tuple[float, float] | None, budget: str = "smoke",
+              date: str = "2026-11-22T10:{seed:02d}:00Z", config_hash: str = "{seed:08x}") -> Path:
     """One run folder in the results format: config.json, metrics.jsonl and final.json."""
     config = PAPER[row].config().replace(vocab_size=SMOKE_VOCAB)
     steps = STEPS * 3 if row == "big" else STEPS
-    run = root / budget / "runs" / f"{row}-s{seed}-{seed:08x}"
+    run = root / budget / "runs" / f"{row}-s{seed}-{config_hash.format(seed=seed)}"
     run.mkdir(parents=True)
     common = {"row": row, "group": PAPER[row].group, "seed": seed, "budget": budget, "preset": "tiny",
               "scaled": budget == "smoke", "model_spec": "reference"}
@@ -55,7 +56,7 @@ def write_run(root: Path, row: str, seed: int, result: tuple[float, float] | Non
         "sacrebleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
         "params": paper_architecture_params(config), "steps": steps, "tokens_seen": steps * 512, "wall_s": steps / 10,
         "tokens_per_s": 1000.0 + seed, "mfu": None, "device": "cpu", "torch": "2.13.0", "commit": "abc1234",
-        "date": f"2026-11-22T10:{seed:02d}:00Z", "config": config.to_dict(),
+        "date": date.format(seed=seed), "config": config.to_dict(),
     }
     (run / "final.json").write_text(json.dumps(final))
     return run
@@ -126,6 +127,16 @@ def test_diverged_seed_is_left_out_of_the_mean_and_counted(table):
     assert table.loc["D1", "seeds"] == 1 and table.loc["D1", "not_finished"] == 1
     assert table.loc["D1", "ppl"] == pytest.approx(12.0)
     assert table.loc["D1", "ppl_spread"] == pytest.approx(table.loc["base", "ppl_sd"])  # only base's spread is known
+
+
+def test_an_older_run_of_the_same_row_and_seed_is_superseded_and_named(tmp_path):
+    folder = write_fixture(tmp_path)
+    write_run(tmp_path, "base", 0, (99.0, 1.0), date="2026-11-21T09:00:00Z", config_hash="0ldc0nf1")
+    results = load_budget(folder)
+    assert results.superseded == ["base-s0-0ldc0nf1"]
+    assert table3.compare(results.runs).loc["base", "ppl"] == pytest.approx(10.1)  # the newer runs only
+    header = dict(table3_formats.provenance(results, table3.compare(results.runs)))
+    assert "base-s0-0ldc0nf1" in header["results"]
 
 
 def test_rows_not_run_have_no_metrics_and_no_verdict(table):
