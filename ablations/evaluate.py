@@ -52,7 +52,8 @@ def bleu(hypotheses: list[str], references: list[str]) -> BleuScores:
 
 
 def dev_bleu(model, sp: spm.SentencePieceProcessor, src: list[list[int]], references: list[str], device: torch.device,
-             beam: int = 4, alpha: float = 0.6, extra_len: int = 50, autocast: torch.dtype | None = None) -> BleuScores:
-    """Beam-search the dev sources, detokenise with the BPE model, score against the raw references."""
-    hyps = translate(model, src, device, beam=beam, alpha=alpha, extra_len=extra_len, autocast=autocast)
+             beam: int = 4, alpha: float = 0.6, extra_len: int = 50, autocast: torch.dtype | None = None,
+             max_tokens: int = 2000) -> BleuScores:
+    """Beam-search the dev sources (max_tokens source tokens a batch), detokenise, score against the raw references."""
+    hyps = translate(model, src, device, max_tokens, beam, alpha, extra_len, autocast)
     return bleu(sp.decode(hyps), references)

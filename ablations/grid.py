@@ -167,7 +167,7 @@ def run_one(grid: Grid, row: Table3Row, seed: int, data: PreparedData,
         started = time.perf_counter()
         final["dev_ppl"] = perplexity(model, data.dev_src, data.dev_tgt, grid.device, settings.micro_tokens, settings.autocast)
         scores = dev_bleu(model, data.sp, data.dev_src, data.dev_refs, grid.device, settings.beam, settings.alpha,
-                          settings.extra_len, settings.autocast)
+                          settings.extra_len, settings.autocast, max_tokens=settings.micro_tokens)
         final.update(bleu=scores.bleu, bleu_tokenized=scores.bleu_tokenized, sacrebleu_signature=scores.signature,
                      eval_s=time.perf_counter() - started)
         R.write_atomic(directory / "dev_hypotheses.txt", "".join(h + "\n" for h in scores.hypotheses))
