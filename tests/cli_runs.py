@@ -24,6 +24,7 @@ REAL_DATA = REPO.parent / "shared" / "data"
 needs_data = pytest.mark.skipif(not REAL_DATA.is_dir(), reason="needs ../shared/data")
 # Training steps of the CLI tests: logs at 4, 8, 12, checkpoints at 8 and 12, dev perplexity at 12 (smoke budget).
 STEPS = 12
+DEV_PAIRS = 20  # scored for PPL and BLEU: beam search over the budget's 100 would take most of a test's time
 
 
 def environment() -> dict[str, str]:
@@ -45,7 +46,8 @@ def runs_folder(tmp: Path, cache: Path) -> Path:
 
 
 def ablations_argv(runs: Path, rows: str = "base", *extra: str) -> list[str]:
-    return ["run", "--budget", "smoke", "--rows", rows, "--steps", str(STEPS), "--device", "cpu", "--runs", str(runs), *extra]
+    return ["run", "--budget", "smoke", "--rows", rows, "--steps", str(STEPS), "--dev-pairs", str(DEV_PAIRS), "--device", "cpu",
+            "--runs", str(runs), *extra]
 
 
 def run_ablations(runs: Path, rows: str = "base", *extra: str, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess:

@@ -7,7 +7,7 @@ import pytest
 
 from ablations import runs as R
 from ablations.fanout import main, split, without
-from tests.cli_runs import REAL_DATA, needs_data, runs_folder, smoke_cache
+from tests.cli_runs import DEV_PAIRS, REAL_DATA, needs_data, runs_folder, smoke_cache
 
 
 def test_rows_and_seeds_are_taken_out_of_the_arguments_passed_on():
@@ -34,7 +34,8 @@ def finals(runs) -> dict:
 @pytest.mark.slow
 def test_rows_fanned_out_finish_anywhere_and_a_finished_row_is_skipped(tmp_path_factory, capsys):
     runs = runs_folder(tmp_path_factory.mktemp("fanout"), smoke_cache(tmp_path_factory))
-    common = ["--budget", "smoke", "--steps", "4", "--device", "cpu", "--runs", str(runs), "--data", str(REAL_DATA)]
+    common = ["--budget", "smoke", "--steps", "4", "--dev-pairs", str(DEV_PAIRS), "--device", "cpu", "--runs", str(runs),
+              "--data", str(REAL_DATA)]
 
     assert main(["--workers", "2", "--rows", "base,D1", *common]) == 0
     first = finals(runs)

@@ -183,7 +183,7 @@ def faulty_model(config: TransformerConfig) -> nn.Module:
 @needs_data
 def test_rows_that_run_out_of_memory_or_diverge_are_recorded_and_the_grid_goes_on(tmp_path, cache, capsys):
     runs = runs_folder(tmp_path, cache)
-    code = main(["run", "--budget", "smoke", "--rows", "C1,C2,C3,base", "--steps", "2", "--device", "cpu",
+    code = main(["run", "--budget", "smoke", "--rows", "C1,C2,C3,base", "--steps", "2", "--dev-pairs", "20", "--device", "cpu",
                  "--runs", str(runs), "--model", "tests.test_faults:faulty_model", "--max-attempts", "1"])
     assert code == 1  # some rows failed
     finals = {f["row"]: f for f in map(R.read_json, (runs / "smoke").glob(f"*/{R.FINAL}"))}
