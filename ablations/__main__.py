@@ -40,10 +40,12 @@ def resolve_device(name: str) -> torch.device:
 
 
 def budget_from(args: argparse.Namespace) -> Budget:
-    """The named budget with the command line's --steps and --dev-pairs, where given."""
+    """The named budget with the command line's --steps, --warmup and --dev-pairs, where given."""
     b = budget(args.budget)
     if args.steps is not None:
         b = b.replace(steps=args.steps)
+    if getattr(args, "warmup", None) is not None:
+        b = b.replace(warmup=args.warmup)
     if getattr(args, "dev_pairs", None) is not None:
         b = b.replace(dev_pairs=args.dev_pairs)
     return b
@@ -128,6 +130,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--runs", default=str(DEFAULT_RUNS), help="runs root (default <repo>/runs)")
     run.add_argument("--device", default="auto", help="auto, cpu, cuda (default auto)")
     run.add_argument("--steps", type=int, help="override the budget's optimizer steps per row")
+    run.add_argument("--warmup", type=int, help="override the budget's warmup_steps of the learning-rate schedule")
     run.add_argument("--dev-pairs", type=int, help="score only the first N dev pairs (a quick look; changes the run's hash)")
     run.add_argument("--accumulation", type=int, help="micro-batches per step (same tokens per step, less memory)")
     run.add_argument("--max-attempts", type=int, default=3, help="failed runs are retried until this many attempts")
