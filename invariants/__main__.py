@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             return kill_matrix(args, settings, profile_name, command)
         spec = args.model or default_spec()
         start = time.perf_counter()
-        results = run_suite(spec, properties, settings, args.seed, replay, progress=True)
+        results = run_suite(spec, properties, settings, args.seed, replay, progress=True, profile=profile_name)
     except (SpecError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -66,8 +66,8 @@ class Property:
     applicable: Callable[[Subject], str | None] = field(default=lambda subject: None)
 
     def __call__(self, model: Union[str, Factory, Subject], settings: hypothesis.settings | None = None,
-                 seed: int | None = None, replay: tuple[str, bytes] | None = None) -> Result:
-        return run(self, model if isinstance(model, Subject) else Subject(model), settings, seed, replay)
+                 seed: int | None = None, replay: tuple[str, bytes] | None = None, profile: str = "") -> Result:
+        return run(self, model if isinstance(model, Subject) else Subject(model), settings, seed, replay, profile)
 
 
 def invariant(group: str, tolerance: Tolerance, pinned: Callable[[Subject], list] = lambda s: [],
@@ -89,8 +89,11 @@ def suite_settings(parent: hypothesis.settings | None = None) -> hypothesis.sett
 
 
 def run(prop: Property, subject: Subject, settings: hypothesis.settings | None = None, seed: int | None = None,
-        replay: tuple[str, bytes] | None = None) -> Result:
-    """Run one property against one subject and return its Result (never raises for a model's failure)."""
+        replay: tuple[str, bytes] | None = None, profile: str = "") -> Result:
+    """Run one property against one subject and return its Result (never raises for a model's failure).
+
+    profile names the settings' profile in the replay command (default: ci when derandomized).
+    """
     start = time.perf_counter()
     tol = prop.tolerance
     result = Result(prop.name, prop.group, prop.description, PASS, None, tol.value, tol.bound, tol.reason, 0)
@@ -99,18 +102,16 @@ def run(prop: Property, subject: Subject, settings: hypothesis.settings | None =
         result.verdict, result.reason = NOT_APPLICABLE, why_not
         return result
 
-    notes: set[str] = set()
+    worst_note = [""]  # the note of the worst case, for the report
 
     def body(case: Any) -> None:
         with torch.no_grad():  # checks that need gradients ask for them with torch.enable_grad()
             measured = prop.check(subject, case)
         error, note = measured if isinstance(measured, tuple) else (measured, "")
         error = float(error)
-        if note:
-            notes.add(note)
         result.examples += 1
         if result.worst_error is None or _worse(error, result.worst_error, tol):
-            result.worst_error = error
+            result.worst_error, worst_note[0] = error, note
         if tol.violated(error):
             raise Violation(f"error {error:.3g} breaks the tolerance ({tol.bound} {tol.value:g}) on {case!r}")
 
@@ -118,7 +119,7 @@ def run(prop: Property, subject: Subject, settings: hypothesis.settings | None =
     if seed is None and not settings.derandomize:
         seed = random.getrandbits(32)
     command = f"python -m invariants --model '{subject.spec}' --only {prop.name}"
-    command += " --profile ci" if settings.derandomize else f" --seed {seed}"
+    command += f" --profile {profile or 'ci'}" if settings.derandomize else f"{' --profile ' + profile if profile else ''} --seed {seed}"
     try:
         if prop.cases is None:  # a fixed set of cases: nothing for hypothesis to draw
             for case in prop.pinned(subject):
@@ -135,16 +136,17 @@ def run(prop: Property, subject: Subject, settings: hypothesis.settings | None =
             test()
     except Exception as exc:  # a violation, or the model raised: both are failures of this model
         result.verdict = FAIL
-        notes = [n.strip() for n in getattr(exc, "__notes__", [])]
-        blob = next((n.split("adding ", 1)[1].split(" as a decorator")[0] for n in notes if "@reproduce_failure" in n), "")
-        falsifying = next((n for n in notes if n.startswith(("Falsifying", "Failing"))), "")
+        hypothesis_notes = [n.strip() for n in getattr(exc, "__notes__", [])]
+        blob = next((n.split("adding ", 1)[1].split(" as a decorator")[0]
+                     for n in hypothesis_notes if "@reproduce_failure" in n), "")
+        falsifying = next((n for n in hypothesis_notes if n.startswith(("Falsifying", "Failing"))), "")
         what = str(exc) if isinstance(exc, Violation) else f"raised {type(exc).__name__}: {exc}"
         result.reason = " ".join(what.split())[:500]
         result.reproduce = command + (f" --replay \"{blob}\"" if blob else "")
         if falsifying and not isinstance(exc, Violation):
             result.reason += " | " + " ".join(falsifying.split())[:300]
-    if notes:
-        result.reason = "; ".join([result.reason, *sorted(notes)]).strip("; ")
+    if worst_note[0]:
+        result.reason = "; ".join([result.reason, worst_note[0]]).strip("; ")
     result.seconds = time.perf_counter() - start
     return result
 

@@ -39,7 +39,7 @@ def run_mutants(out: Path, settings: hypothesis.settings, profile: str, override
                 docs.append(doc)
                 continue
         start = time.perf_counter()
-        results = run_suite(spec, settings=settings)
+        results = run_suite(spec, settings=settings, profile=profile)
         doc = report.document(spec, results, profile, command, time.perf_counter() - start)
         report.write(doc, out / "mutants")
         docs.append(doc)

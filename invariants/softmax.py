@@ -6,6 +6,7 @@ its probabilities are all 0, its attention output is 0, and forward and backward
 """
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 
 import torch
@@ -83,7 +84,7 @@ FULLY_PADDED = ("source", "target", "both")
 @invariant(GROUP, tol.COUNT,
            pinned=lambda s: list(zip(pinned_cases(s, capture=(False,), padded=(False,)), ("both", "target"))),
            cases=lambda s: st.tuples(batch_cases(s, capture=False, padded=False), st.sampled_from(FULLY_PADDED)))
-def fully_padded_rows(subject: Subject, case_which: tuple[Case, str]) -> float:
+def fully_padded_rows(subject: Subject, case_which: tuple[Case, str]) -> tuple[float, str]:
     """A fully padded source or target row keeps logits and gradients finite, and (if captured) its attention rows are all 0.
 
     Measured as the number of non-finite logits and gradient tensors, plus the largest probability on a row with no key.
@@ -105,10 +106,15 @@ def fully_padded_rows(subject: Subject, case_which: tuple[Case, str]) -> float:
             logits = batch.forward(model)
         params = [p for p in model.parameters() if p.requires_grad]
         grads = torch.autograd.grad(model.loss(logits, batch.tgt), params, allow_unused=True)
-    bad = (~torch.isfinite(logits)).sum().item() + sum(1 for g in grads if g is not None and not torch.isfinite(g).all())
+    bad_logits = int((~torch.isfinite(logits)).sum())
+    bad_grads = sum(1 for g in grads if g is not None and not torch.isfinite(g).all())
     empty_row_probs = 0.0
     for record in records:
         empty = ~allowed_keys(record.kind, batch).any(-1, keepdim=True)  # (B, 1, T_q, 1)
         values = record.probs.detach().masked_fill(~empty, 0.0)
         empty_row_probs = max(empty_row_probs, values.abs().max().item() if torch.isfinite(values).all() else float("inf"))
-    return bad + empty_row_probs
+    error = bad_logits + bad_grads + empty_row_probs
+    mode = "train" if case.train else "eval"
+    probs = f"{empty_row_probs:g}" if math.isfinite(empty_row_probs) else "NaN or Inf"
+    return error, (f"{which} row fully padded ({mode}): {bad_logits} non-finite logits, {bad_grads} parameters with "
+                   f"non-finite gradients, largest |probability| on a row with no key {probs}") if error else ""

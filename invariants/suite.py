@@ -35,12 +35,12 @@ def select(names: list[str] | None) -> list[Property]:
 
 def run_suite(model: str | Factory | Subject, properties: list[Property] | None = None,
               settings: hypothesis.settings | None = None, seed: int | None = None,
-              replay: tuple[str, bytes] | None = None, progress: bool = False) -> list[Result]:
+              replay: tuple[str, bytes] | None = None, progress: bool = False, profile: str = "") -> list[Result]:
     """Run properties (default: all) against one model; a bad spec raises model.SpecError before any runs."""
     subject = model if isinstance(model, Subject) else Subject(model)
     results = []
     bar = tqdm(properties or PROPERTIES, desc=subject.spec, unit="property", disable=not progress, leave=False)
     for prop in bar:
         bar.set_postfix_str(prop.name)
-        results.append(prop(subject, settings=settings, seed=seed, replay=replay))
+        results.append(prop(subject, settings=settings, seed=seed, replay=replay, profile=profile))
     return results

@@ -104,7 +104,14 @@ def test_a_drawn_failure_comes_with_a_replay_line_that_reproduces_it():
     assert replayed.verdict == FAIL and replayed.examples == 1
 
 
+def small_factory(config):
+    return Transformer(config.replace(N=1, d_model=16, h=2, d_k=8, d_v=8, d_ff=32, vocab_size=50))
+
+
 def test_the_suite_runs_on_a_model_factory_as_well_as_a_spec():
-    small = lambda config: Transformer(config.replace(N=1, d_model=16, h=2, d_k=8, d_v=8, d_ff=32, vocab_size=50))  # noqa: E731
-    assert torch.equal(Subject(small).model("").embed(torch.tensor([[1]])), Subject(small).model("").embed(torch.tensor([[1]])))
-    assert causal_future_probs(small, settings=few()).verdict == PASS
+    assert causal_future_probs(small_factory, settings=few()).verdict == PASS
+
+
+def test_models_are_built_with_a_fixed_seed_so_runs_repeat():
+    first, second = Subject(small_factory).model(""), Subject(small_factory).model("")
+    assert all(torch.equal(a, b) for a, b in zip(first.parameters(), second.parameters()))
