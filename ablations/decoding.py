@@ -44,8 +44,8 @@ def beam_search(model, src: Tensor, src_pad: Tensor, beam: int = 4, alpha: float
     for t in range(1, max(max_len) + 1):
         step_in = tokens[:, -1:] if cache is not None else tokens
         tgt_pad = torch.zeros_like(step_in, dtype=torch.bool)
-        logits = model.decode(step_in, memory, mem_pad, tgt_pad, cache)[:, -1].float()
-        logp = torch.log_softmax(logits, dim=-1)
+        logits = model.decode(step_in, memory, mem_pad, tgt_pad, cache)[:, -1]
+        logp = torch.log_softmax(logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits, dim=-1)
         logp[:, PAD] = logp[:, BOS] = float("-inf")
         V = logp.size(-1)
         cand = (scores.view(B * K, 1) + logp).view(B, K * V)
