@@ -73,10 +73,10 @@ def parallel(tmp_path_factory, single):
 # DDP divides by 2 and gloo adds the two ranks' gradients, where the single process added the second micro-batch's
 # gradient onto the first. Halving and doubling are exact and a + b = b + a in IEEE arithmetic, so with two ranks the
 # runs agree bitwise (measured: they do). With more ranks, or NCCL's ring on GPUs, the float32 sum is taken in another
-# order (~1e-7 relative per step); rtol 1e-5 allows that over 12 steps. It still catches a rank training on the wrong
-# micro-batch, token-weighting by rank rather than by token (both change the loss at step 4 by > 1e-3), and a loss
-# not summed over the ranks (off by about half). Adam makes the update blind to a constant gradient scale, so a
-# wrong scale is caught only through the logged loss.
+# order (~1e-7 relative per step); rtol 1e-5 allows that over 12 steps. Checked by mutating the code, it still fails
+# when both ranks train on the same micro-batch, when each rank weights by its own tokens rather than the step's,
+# and when the logged loss is not summed over the ranks. Adam makes the update blind to a constant gradient scale,
+# so a wrong scale shows only in the logged loss.
 RTOL = 1e-5
 
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from ablations import runs as R
 from ablations.__main__ import main
+from ablations.budgets import BUDGETS
 from ablations.runs import previous_checkpoint
 from ablations.train import TrainState, make_optimizer, resume, save_checkpoint
 from model import Transformer, TransformerConfig
@@ -25,6 +26,8 @@ from tests.cli_runs import (STEPS, ablations_argv, environment, logged, needs_da
 def cache(tmp_path_factory):
     return smoke_cache(tmp_path_factory)
 
+
+FIRST_CHECKPOINT = BUDGETS["smoke"].checkpoint_every  # 8
 
 # --- SIGKILL at a random step -------------------------------------------------------------------------------------
 
@@ -50,13 +53,14 @@ def kill_at_step(runs, step: int) -> int:
 def test_a_run_killed_at_a_random_step_resumes_to_the_uninterrupted_result(tmp_path, cache):
     whole = runs_folder(tmp_path / "whole", cache)
     assert run_ablations(whole).returncode == 0
-    step = random.Random().randint(1, STEPS - 1)
+    step = random.Random().randint(FIRST_CHECKPOINT + 1, STEPS - 1)  # past the first checkpoint: resumption is exercised
     killed = runs_folder(tmp_path / "killed", cache)
     shown = kill_at_step(killed, step)
     directory = only_run(killed)
     assert R.status(directory) != "finished"
     resumed = run_ablations(killed)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert re.search(r"base s1: resuming from checkpoint(\.prev)?\.pt at step (8|12)\n", resumed.stderr), resumed.stderr[-3000:]
     # Exact: the checkpoint restores weights, Adam's moments, the RNG and the batch stream's position, and both runs
     # use one CPU thread, so the resumed run repeats the uninterrupted run's arithmetic operation for operation.
     context = f"killed at step {shown} (aimed at {step})"
@@ -148,12 +152,18 @@ while True:  # two complete versions of a large final.json, written over each ot
 """
 
 
-def test_a_writer_killed_mid_write_leaves_a_complete_final_json(tmp_path):
+def test_a_final_json_rewritten_or_killed_mid_write_always_reads_complete(tmp_path):
     path = tmp_path / R.FINAL
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], cwd=REPO, env=environment(), stdout=subprocess.PIPE)
     assert proc.stdout.readline() == b"ready\n"
-    time.sleep(random.uniform(0.2, 0.5))
-    proc.send_signal(signal.SIGKILL)
+    while not path.exists():
+        time.sleep(0.001)
+    reads, deadline = 0, time.monotonic() + random.uniform(0.3, 0.6)
+    while time.monotonic() < deadline:  # read while it is being rewritten: never a partial file
+        final = R.read_json(path)
+        assert final is not None and len(final["padding"]) == 2_000_000, f"a partial final.json at read {reads}"
+        reads += 1
+    proc.send_signal(signal.SIGKILL)  # and killed at a random moment of a write
     proc.wait(timeout=30)
     proc.stdout.close()
     final = R.read_json(path)
