@@ -3,8 +3,13 @@
 The runs folder is the only shared state: a row finished by one fan-out is skipped by the next, whichever
 executor runs it.
 """
+import subprocess
+import threading
+import time
+
 import pytest
 
+from ablations import fanout
 from ablations import runs as R
 from ablations.fanout import main, split, without
 from tests.cli_runs import DEV_PAIRS, REAL_DATA, needs_data, runs_folder, smoke_cache
@@ -24,6 +29,30 @@ def test_each_row_and_seed_becomes_one_run_of_the_runner():
 def test_gpu_indices_must_be_numbers(capsys):
     assert main(["--gpus", "0,one", "--budget", "smoke", "--rows", "base", "--data", str(REAL_DATA)]) == 2
     assert capsys.readouterr().err.startswith("error: --gpus '0,one': give GPU indices such as 0,1,2,3")
+
+
+def test_one_run_per_gpu_at_a_time_each_seeing_only_its_gpu(tmp_path, monkeypatch):
+    running, seen, peak = set(), [], [0]
+    lock = threading.Lock()
+
+    def fake_run(command, env, **_):  # stands in for `python -m ablations run ...` on a machine with GPUs 0 and 1
+        gpu = env["CUDA_VISIBLE_DEVICES"]
+        with lock:
+            assert gpu not in running, f"GPU {gpu} given to two runs at once"
+            running.add(gpu)
+            peak[0] = max(peak[0], len(running))
+            seen.append((command[-3], gpu))
+        time.sleep(0.05)
+        with lock:
+            running.remove(gpu)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(fanout.subprocess, "run", fake_run)
+    _, jobs = split(["--budget", "smoke", "--rows", "A,B"])
+    codes = fanout.run_local(jobs, ["0", "1"], tmp_path)
+    assert codes == {job.name: 0 for job in jobs}
+    assert sorted(row for row, _ in seen) == sorted(job.row for job in jobs) and {gpu for _, gpu in seen} == {"0", "1"}
+    assert peak[0] == 2
 
 
 def finals(runs) -> dict:
