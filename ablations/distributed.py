@@ -1,6 +1,6 @@
 """Data-parallel training of one run with torch.distributed: DDP over the processes torchrun starts.
 
-    torchrun --nproc_per_node 4 -m ablations run --rows base --budget short
+    torchrun --standalone --nproc_per_node 4 -m ablations run --rows base --budget short --accumulation 4
 
 torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; `setup` joins the process group (NCCL on GPUs, gloo on
 CPU) and gives each process its GPU. Every rank reads the same deterministic batch stream and keeps
