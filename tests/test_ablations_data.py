@@ -2,6 +2,8 @@
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from ablations.batching import BatchStream, bucketed_batches, make_batch
 from ablations.bpe import BOS, EOS, PAD, shared_bpe
@@ -94,17 +96,23 @@ def test_smoke_budget_divides_sizes_by_eight_and_keeps_heads_and_layers():
     assert (cfg.N, cfg.d_model, cfg.d_ff, cfg.h, cfg.d_k, cfg.d_v, cfg.P_drop) == (6, 128, 512, 16, 8, 8, 0.3)
 
 
-def test_batches_cover_every_pair_once_within_the_token_limit():
-    src_lens = [3, 9, 4, 12, 5, 5, 7, 2, 30, 6]
-    tgt_lens = [4, 8, 3, 10, 6, 4, 9, 1, 2, 5]
-    batches = bucketed_batches(src_lens, tgt_lens, max_tokens=24, seed=3, epoch=0)
-    assert sorted(i for b in batches for i in b) == list(range(10))
+@given(lengths=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 40)), min_size=1, max_size=60),
+       max_tokens=st.integers(1, 120), seed=st.integers(0, 3))
+@example(lengths=[(3, 4), (9, 8), (4, 3), (12, 10), (5, 6), (5, 4), (7, 9), (2, 1), (30, 2), (6, 5)], max_tokens=24, seed=3)
+def test_batches_cover_every_pair_once_within_the_token_limit(lengths, max_tokens, seed):
+    src_lens, tgt_lens = [s for s, _ in lengths], [t for _, t in lengths]
+    batches = bucketed_batches(src_lens, tgt_lens, max_tokens, seed, epoch=0)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for b in batches:
         if len(b) > 1:  # a pair longer than the limit makes a batch of its own
-            assert max(src_lens[i] for i in b) * len(b) <= 24
-            assert max(tgt_lens[i] + 1 for i in b) * len(b) <= 24
-    assert batches == bucketed_batches(src_lens, tgt_lens, 24, seed=3, epoch=0)
-    assert batches != bucketed_batches(src_lens, tgt_lens, 24, seed=3, epoch=1)
+            assert max(src_lens[i] for i in b) * len(b) <= max_tokens
+            assert max(tgt_lens[i] + 1 for i in b) * len(b) <= max_tokens  # + 1: BOS / EOS
+    assert batches == bucketed_batches(src_lens, tgt_lens, max_tokens, seed, epoch=0)
+
+
+def test_batch_order_changes_from_epoch_to_epoch():
+    lens = list(range(1, 30))
+    assert bucketed_batches(lens, lens, 12, seed=0, epoch=0) != bucketed_batches(lens, lens, 12, seed=0, epoch=1)
 
 
 def test_batch_adds_bos_to_the_decoder_input_and_eos_to_the_target():
