@@ -87,10 +87,10 @@ class Grid:
     ranks: Ranks = SINGLE  # data-parallel processes of each run (torchrun); rank 0 alone writes
 
 
-def describe_device(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({torch.get_num_threads()} threads)"
+def describe_device(device: torch.device, processes: int = 1) -> str:
+    """The device's name; '<n> x <name>' for a data-parallel run over n processes."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    return f"{processes} x {name}" if processes > 1 else name
 
 
 def peak_flops(device: torch.device) -> float | None:
@@ -146,7 +146,7 @@ def run_one(grid: Grid, row: Table3Row, seed: int, data: PreparedData,
         R.write_json(directory / R.CONFIG, identity)
     final = {**header, "status": "finished", "error": None, "dev_ppl": None, "bleu": None, "bleu_tokenized": None,
              "sacrebleu_signature": None, "params": None, "steps": 0, "tokens_seen": 0, "wall_s": None,
-             "tokens_per_s": None, "mfu": None, "device": describe_device(grid.device), "torch": torch.__version__,
+             "tokens_per_s": None, "mfu": None, "device": describe_device(grid.device, grid.ranks.world), "torch": torch.__version__,
              "commit": git_commit(), "date": None, "config": cfg.to_dict()}
     try:
         torch.manual_seed(seed)
@@ -163,7 +163,7 @@ def run_one(grid: Grid, row: Table3Row, seed: int, data: PreparedData,
         peak = peak_flops(grid.device)
         if peak and final["tokens_per_s"]:  # 6 x params x tokens, about half of them source and half target
             dense = counts["encoder"] + counts["decoder"] + cfg.d_model * cfg.vocab_size
-            final["mfu"] = 6 * dense * final["tokens_per_s"] / 2 / peak
+            final["mfu"] = 6 * dense * final["tokens_per_s"] / 2 / (peak * grid.ranks.world)  # tokens/s of all ranks
         started = time.perf_counter()
         final["dev_ppl"] = perplexity(model, data.dev_src, data.dev_tgt, grid.device, settings.micro_tokens, settings.autocast)
         scores = dev_bleu(model, data.sp, data.dev_src, data.dev_refs, grid.device, settings.beam, settings.alpha,

@@ -94,6 +94,7 @@ def test_two_gloo_ranks_train_like_one_process_with_the_same_global_batch(single
     assert runs[2].name == reference[2].name  # the same experiment: rows, batches and settings, so the same run
     # Rank 0 alone writes: one metrics line per logged step (a second writer would duplicate them).
     assert [r["step"] for r in logged(runs[2])] == [4, 8, 12]
+    assert R.read_json(runs[2] / R.FINAL)["device"] == "2 x cpu (1 threads)"  # throughput and MFU are both ranks'
     assert_same_run(runs[2], reference[2])
 
 
