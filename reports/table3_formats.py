@@ -193,7 +193,8 @@ def _group_rules(shown: pd.DataFrame) -> pd.DataFrame:
 
 def page(shown: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, note: str, title: str) -> str:
     agree = [c for c in shown.columns if c[1] == "agree"]
-    styler = (shown.style.apply(_group_rules, axis=None)
+    styler = (shown.style.set_uuid("table3")  # a fixed id keeps the page identical across rebuilds of the same results
+              .apply(_group_rules, axis=None)
               .map(lambda v: f"background-color: {AGREE_COLOR[v]}" if v in AGREE_COLOR else "", subset=agree)
               .format(escape="html")
               .format(lambda v: f'<span class="spill">{html.escape(v)}</span>' if v in PE_TEXT.values() else html.escape(v),
