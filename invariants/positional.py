@@ -3,6 +3,11 @@
 Relative-position linearity alone misses real bugs (sin and cos concatenated instead of interleaved,
 a wrong exponent, positions counted from 1), so the exact values are checked too. A learned encoding
 is reported as not sinusoidal, with its measured linear-map residual, rather than failed or crashed.
+
+The fitted M_k is not compared entry by entry with the rotation: at low frequencies sin(p * omega) ~ p * omega
+for every such pair, the columns are nearly collinear and the least-squares M_k is not unique. Instead the
+fit's residual shows that a linear map exists, and the paper's rotation is checked to be one (it maps PE(p)
+to PE(p + k) at every p).
 """
 from __future__ import annotations
 
