@@ -1,8 +1,10 @@
 """Hypothesis profiles: dev (random, quick), ci (derandomized, quick) and thorough (random, many examples).
 
 `dev` and `thorough` are registered with hypothesis, so HYPOTHESIS_PROFILE=dev|thorough selects them in
-pytest too. `ci` is hypothesis's own derandomized profile (loaded automatically when CI is set) with the
-suite's example count; it is not re-registered, so hypothesis's `ci` is never overridden.
+pytest too (there: hypothesis's default 100 examples, or 1000, with no deadline, since torch work is slow
+to start). `ci` is hypothesis's own derandomized profile, loaded automatically when CI is set; it is not
+re-registered, so it is never overridden. The suite itself (python -m invariants) draws EXAMPLES[profile]
+cases per property under the profile's other settings: the pinned base-model cases come on top.
 """
 from __future__ import annotations
 
@@ -11,12 +13,12 @@ import os
 from hypothesis import settings
 
 ENV_VAR = "HYPOTHESIS_PROFILE"
-EXAMPLES = {"dev": 10, "ci": 10, "thorough": 200}  # drawn cases per property, after the pinned ones
+EXAMPLES = {"dev": 10, "ci": 10, "thorough": 200}  # drawn cases per property in the suite
 
 
 def register() -> None:
-    settings.register_profile("dev", max_examples=EXAMPLES["dev"], deadline=None)
-    settings.register_profile("thorough", max_examples=EXAMPLES["thorough"], deadline=None)
+    settings.register_profile("dev", deadline=None)
+    settings.register_profile("thorough", max_examples=1000, deadline=None)
 
 
 def profile(name: str) -> settings:
@@ -24,8 +26,7 @@ def profile(name: str) -> settings:
     if name not in EXAMPLES:
         raise ValueError(f"unknown hypothesis profile {name!r}; valid: {', '.join(EXAMPLES)}")
     register()
-    parent = settings.get_profile(name)
-    return settings(parent, max_examples=EXAMPLES[name], deadline=None)
+    return settings(settings.get_profile(name), max_examples=EXAMPLES[name], deadline=None)
 
 
 def default_name() -> str:
