@@ -8,13 +8,15 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from invariants import (
-    causal_future_probs, dropout_active, pe_exact_values, pe_relative_linearity, permutation_positive_control, run_suite,
+    causal_future_probs, dropout_active, fully_padded_rows, pe_exact_values, pe_relative_linearity,
+    permutation_positive_control, run_suite,
 )
 from invariants import tolerances as tol
 from invariants.engine import FAIL, NOT_APPLICABLE, PASS, Property, Subject
 from invariants.objective import schedule_error
 from invariants.__main__ import parse_replay
 from model import Transformer
+from model.adapters.torch_nn import TorchTransformer
 from model.objective import learning_rate
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # torch.nn's nested-tensor notes
@@ -38,8 +40,8 @@ def test_reference_model_passes_every_invariant():
 
 
 def test_torch_nn_transformer_gets_its_documented_verdicts():
-    # Real findings about torch.nn.Transformer 2.13 (README, "Invariants"): no KV cache, and a fully padded
-    # source or target row turns into NaN (its masked softmax divides 0 by 0) where the reference gives zeros.
+    # Real findings about torch.nn.Transformer 2.13 (README, "Invariants"): no KV cache, rows B1/B2 unbuildable, and a
+    # fully padded source or target row gives NaN logits and gradients when attention weights are requested.
     results = run_suite(f"torch-nn,{SMALL}", settings=few())
     expected = {r.name: PASS for r in results}
     expected.update(cached_decoding=NOT_APPLICABLE, fully_padded_rows=FAIL)
@@ -47,7 +49,17 @@ def test_torch_nn_transformer_gets_its_documented_verdicts():
     by_name = {r.name: r for r in results}
     assert "no incremental decoding" in by_name["cached_decoding"].reason
     assert by_name["fully_padded_rows"].worst_error == float("inf")
+    assert "attention probabilities requested" in by_name["fully_padded_rows"].reason
     assert "B1" in by_name["params_table3"].reason and "B2" in by_name["params_table3"].reason
+
+
+def test_torch_nn_keeps_fully_padded_rows_finite_when_no_attention_weights_are_requested():
+    def without_capture(config):
+        model = TorchTransformer(config.replace(N=1, d_model=16, h=2, d_k=8, d_v=8, d_ff=32, vocab_size=50))
+        model.unsupported = {**model.unsupported, "attention_probs": "not requested in this test"}
+        return model
+
+    assert fully_padded_rows(without_capture, settings=few()).verdict == PASS
 
 
 def test_learned_positional_encoding_is_reported_not_sinusoidal_with_its_residual():
