@@ -123,9 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     if not artifacts:
         return 2
     written = index.write(artifacts, skipped, args.out, REBUILD)
-    for path in [a.path for a in artifacts if a.command == REBUILD] + written:
+    built = [a.path for a in artifacts if a.command == REBUILD] + written
+    for path in built:
         print(f"wrote {shown_path(path)}")
-    print(f"{len(artifacts) + len(written)} reports in {time.perf_counter() - start:.1f} s; open {shown_path(written[0])}")
+    print(f"{len(built)} files written, {len(artifacts) + len(written) - len(built)} inputs linked, in "
+          f"{time.perf_counter() - start:.1f} s; open {shown_path(written[0])}")
     return 0
 
 

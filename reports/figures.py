@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from reports.table3 import per_run  # noqa: E402
@@ -100,14 +101,16 @@ def tokens_per_second(runs: pd.DataFrame, path: Path, title: str, order: list[st
 def params_against_ppl(table: pd.DataFrame, path: Path, title: str) -> plt.Figure:
     """Parameters against dev PPL for every row, ours and the paper's (rows whose params the paper prints)."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    groups = set()
     for ax, source, x, y in ((axes[0], "ours", "params", "ppl"), (axes[1], "paper", "params_paper", "ppl_paper")):
         points = table[[x, y, "group"]].dropna(subset=[x, y])
-        sns.scatterplot(points, x=x, y=y, hue="group", palette=GROUP_COLOR, ax=ax, s=40, legend=source == "paper")
+        groups |= set(points["group"])
+        sns.scatterplot(points, x=x, y=y, hue="group", palette=GROUP_COLOR, ax=ax, s=40, legend=False)
         for name, px, py in zip(points.index, points[x], points[y]):
             ax.annotate(name, (px, py), xytext=(3, 3), textcoords="offset points", fontsize=7)
-        ax.set(title=f"{source}", xlabel="params ×10⁶", ylabel="dev PPL")
-    if axes[1].get_legend():
-        sns.move_legend(axes[1], "upper left", bbox_to_anchor=(1.02, 1), title="group")
+        ax.set(title=source, xlabel="params ×10⁶", ylabel="dev PPL")
+    handles = [Line2D([], [], marker="o", linestyle="", color=c, label=g) for g, c in GROUP_COLOR.items() if g in groups]
+    fig.legend(handles=handles, title="group", loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.suptitle(title)
     fig.tight_layout()
     return _save(fig, path)
