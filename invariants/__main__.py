@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     command = ("python -m invariants " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
     try:
         settings = profiles.profile(profile_name)
+        if args.seed is not None and settings.derandomize:
+            raise ValueError(f"--seed has no effect under the derandomized profile {profile_name}; add --profile dev or thorough")
         properties = select([n.strip() for n in args.only.split(",") if n.strip()])
         replay = parse_replay(args.replay) if args.replay else None
         if replay and len(properties) != 1:

@@ -35,6 +35,7 @@ def test_a_passing_model_exits_0(tmp_path):
     (["--model", "nope"], "unknown model 'nope'"),
     (["--only", "no_such_property"], "unknown property no_such_property; valid: causal_future_tokens"),
     (["--replay", "garbage", "--only", "lr_schedule"], "is not a line @reproduce_failure"),
+    (["--seed", "3", "--profile", "ci"], "--seed has no effect under the derandomized profile ci"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
     assert main([*args, "--out", str(tmp_path)]) == 2
