@@ -17,6 +17,7 @@ import torch
 from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 
+from invariants import profiles
 from invariants.subject import Factory, Subject
 from invariants.tolerances import Tolerance
 
@@ -92,7 +93,7 @@ def run(prop: Property, subject: Subject, settings: hypothesis.settings | None =
         replay: tuple[str, bytes] | None = None, profile: str = "") -> Result:
     """Run one property against one subject and return its Result (never raises for a model's failure).
 
-    profile names the settings' profile in the replay command (default: ci when derandomized).
+    settings default to the suite's profile ($HYPOTHESIS_PROFILE, else ci); profile names it in the replay command.
     """
     start = time.perf_counter()
     tol = prop.tolerance
@@ -115,7 +116,7 @@ def run(prop: Property, subject: Subject, settings: hypothesis.settings | None =
         if tol.violated(error):
             raise Violation(f"error {error:.3g} breaks the tolerance ({tol.bound} {tol.value:g}) on {case!r}")
 
-    settings = suite_settings(settings)
+    settings = suite_settings(settings or profiles.profile(profiles.default_name()))
     if seed is None and not settings.derandomize:
         seed = random.getrandbits(32)
     command = f"python -m invariants --model '{subject.spec}' --only {prop.name}"
