@@ -122,10 +122,14 @@ def _reports(folder: Path) -> list[tuple[InvariantsReport, list[dict]]]:
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         if path.name == KILL_MATRIX:
             continue
-        doc = json.loads(path.read_text())
-        model = doc.get("model", path.stem)
-        command = doc.get("command") or INVARIANTS_COMMAND.format(model=model)
-        found.append((InvariantsReport(path, model, command), doc["properties"]))
+        try:
+            doc = json.loads(path.read_text())
+            model = doc.get("model", path.stem)
+            found.append((InvariantsReport(path, model, doc.get("command") or INVARIANTS_COMMAND.format(model=model)),
+                          [{"name": p["name"], "verdict": p["verdict"]} for p in doc["properties"]]))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise MissingInput(f"{shown_path(path)} is not an invariants report ({type(exc).__name__}: {exc}); "
+                               f"regenerate it with `{INVARIANTS_COMMAND.format(model='SPEC')}`") from None
     return found
 
 

@@ -121,3 +121,11 @@ def test_verdict_heatmap_labels_each_cell_with_its_verdict(built):
     kills = drawn["kill_matrix.png"].axes[0]
     assert [t.get_text() for t in kills.texts] == ["x", "x", "", "", "", ""]
     assert [t.get_text() for t in kills.get_yticklabels()] == ["no_causal_mask (2 fail)", "no_scale (0 fail)"]
+
+
+def test_a_damaged_invariants_report_is_one_line_naming_it(tmp_path, capsys):
+    write_invariants(tmp_path / "invariants")
+    (tmp_path / "invariants" / "torch-nn.json").write_text('{"model": "torch-nn", "propert')
+    code = main(["--results", str(tmp_path / "none"), "--invariants", str(tmp_path / "invariants"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 2 and "torch-nn.json is not an invariants report (JSONDecodeError" in err[1]
