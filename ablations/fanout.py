@@ -152,19 +152,19 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     own, run_argv = parse_args(argv)
     try:
+        gpus = [g.strip() for g in own.gpus.split(",")] if own.gpus else []
+        if not all(g.isdigit() for g in gpus):  # checked before the data is read: fail fast
+            raise ValueError(f"--gpus {own.gpus!r}: give GPU indices such as 0,1,2,3")
+        if own.workers is not None and own.workers < 1:
+            raise ValueError(f"--workers {own.workers}: give at least 1")
         args, jobs = split(run_argv)
         data = warm_cache(args)
         log_dir = Path(args.runs) / "logs" / args.budget
         # The jobs' device: a GPU on a SLURM node even when this login node has none.
         device = torch.device("cuda") if own.slurm and args.device != "cpu" else resolve_device(args.device)
-        if own.gpus:
-            gpus = [g.strip() for g in own.gpus.split(",")]
-            if not all(g.isdigit() for g in gpus):
-                raise ValueError(f"--gpus {own.gpus!r}: give GPU indices such as 0,1,2,3")
+        if gpus:
             codes = run_local(jobs, gpus, log_dir)
         elif own.workers is not None:
-            if own.workers < 1:
-                raise ValueError(f"--workers {own.workers}: give at least 1")
             codes = run_local(jobs, [None] * own.workers, log_dir)
         else:
             try:

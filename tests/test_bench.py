@@ -2,10 +2,12 @@
 import json
 
 from ablations.bench import main
+from tests.cli_runs import needs_data
 
 TINY = "N=1,d_model=32,d_ff=64,h=2,d_k=16,d_v=16,vocab_size=8000"
 
 
+@needs_data
 def test_bench_writes_markdown_and_json_for_every_variant(tmp_path):
     out = tmp_path / "bench.md"
     code = main(["--steps", "1", "--warmup", "1", "--batch-tokens", "300", "--decode-sentences", "2",
