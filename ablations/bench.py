@@ -108,7 +108,7 @@ def markdown(meta: dict, training: list[TrainResult], decoding: list[dict]) -> s
     lines = [
         "# Benchmark: training step and beam search, base model",
         "",
-        f"Measured by `nox -s bench -- {meta['args']}` on {meta['device']}, torch {meta['torch']}, commit "
+        f"Measured by `nox -s bench{' -- ' + meta['args'] if meta['args'] else ''}` on {meta['device']}, torch {meta['torch']}, commit "
         f"{meta['commit']}, {meta['date']}. Config {meta['config']}, "
         f"{meta['precision']}; {meta['steps']} timed steps after {meta['warmup']} warm-up steps on the same "
         f"{meta['preset']} dev batches of about {meta['batch_tokens']} source and target positions.",
