@@ -1,7 +1,7 @@
 """`python -m reports` (= `nox -s report`): rebuild every report under reports/ from the results on disk, in seconds.
 
 Builds Table 3 (Markdown, HTML, LaTeX, CSV) and the figures for every budget folder of ablation results, the
-invariants heatmaps, and the index. Inputs that are missing are skipped with one line naming the command that
+invariants heatmaps, and the index (which also links the benchmark's reports/bench.md when there is one). Inputs that are missing are skipped with one line naming the command that
 produces them; when nothing at all can be built the exit status is 2.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 from model.table3 import table3_rows
 from reports import figures, index, table3, table3_formats
 from reports.index import Artifact
-from reports.inputs import (ABLATIONS_COMMAND, INVARIANTS_DIR, KILL_MATRIX, REPO, RESULTS_DIR, MissingInput,
-                            budget_folders, load_budget, load_invariants, shown_path)
+from reports.inputs import (ABLATIONS_COMMAND, BENCH_COMMAND, BENCH_REPORTS, INVARIANTS_DIR, KILL_MATRIX, REPO,
+                            RESULTS_DIR, MissingInput, budget_folders, load_budget, load_invariants, shown_path)
 
 REBUILD = "nox -s report"
 OUT_DIR = REPO / "reports"
@@ -107,6 +107,8 @@ def build(results_dir: Path, invariants_dir: Path, out_dir: Path) -> tuple[list[
         artifacts += build_invariants(invariants_dir, out_dir)
     except MissingInput as missing:
         skipped.append(f"invariants heatmaps: {missing}")
+    artifacts += [Artifact("Benchmark", f"Training tokens/s, MFU and beam-search speed ({path.suffix[1:]})", path,
+                           BENCH_COMMAND) for path in BENCH_REPORTS if path.is_file()]
     return artifacts, skipped
 
 

@@ -24,6 +24,8 @@ KILL_MATRIX = "kill_matrix.json"
 ABLATIONS_COMMAND = "nox -s ablations -- run --budget {budget} && nox -s ablations -- publish --budget {budget}"
 INVARIANTS_COMMAND = "nox -s invariants -- --model {model}"
 KILL_MATRIX_COMMAND = "nox -s invariants -- --kill-matrix"
+BENCH_REPORTS = (REPO / "reports" / "bench.md", REPO / "reports" / "bench.json")  # written by `nox -s bench`
+BENCH_COMMAND = "nox -s bench"
 
 
 def shown_path(path: Path) -> str:
