@@ -1,8 +1,9 @@
 """`python -m reports` (= `nox -s report`): rebuild every report under reports/ from the results on disk, in seconds.
 
 Builds Table 3 (Markdown, HTML, LaTeX, CSV) and the figures for every budget folder of ablation results, the
-invariants heatmaps, and the index (which also links the benchmark's reports/bench.md when there is one). Inputs that are missing are skipped with one line naming the command that
-produces them; when nothing at all can be built the exit status is 2.
+invariants heatmaps, and the index (which also links the benchmark's bench.md beside them when there is one).
+Inputs that are missing are skipped with one line naming the command that produces them; when nothing at all can
+be built the exit status is 2.
 """
 from __future__ import annotations
 
@@ -107,8 +108,8 @@ def build(results_dir: Path, invariants_dir: Path, out_dir: Path) -> tuple[list[
         artifacts += build_invariants(invariants_dir, out_dir)
     except MissingInput as missing:
         skipped.append(f"invariants heatmaps: {missing}")
-    artifacts += [Artifact("Benchmark", f"Training tokens/s, MFU and beam-search speed ({path.suffix[1:]})", path,
-                           BENCH_COMMAND) for path in BENCH_REPORTS if path.is_file()]
+    artifacts += [Artifact("Benchmark", f"Training tokens/s, MFU and beam-search speed ({name})", out_dir / name,
+                           BENCH_COMMAND) for name in BENCH_REPORTS if (out_dir / name).is_file()]
     return artifacts, skipped
 
 

@@ -94,11 +94,14 @@ def test_missing_inputs_are_one_line_each_naming_the_command(tmp_path, capsys):
 
 def test_with_only_invariants_the_rest_is_built_and_the_skip_reported(tmp_path, capsys):
     write_invariants(tmp_path / "invariants")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "bench.md").write_text("# Benchmark\n")  # what `nox -s bench` leaves beside the reports
     code = main(["--results", str(tmp_path / "none"), "--invariants", str(tmp_path / "invariants"), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 0 and "skipped: Table 3" in err and "Traceback" not in err
     assert (tmp_path / "out" / "figures" / "kill_matrix.png").is_file()
-    assert "## Skipped" in (tmp_path / "out" / "README.md").read_text()
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "## Skipped" in readme and "](bench.md) — `nox -s bench`" in readme
 
 
 def test_group_figure_has_ours_beside_the_papers_for_each_group_and_metric(built):
