@@ -30,6 +30,7 @@ from model import Parts, Transformer, TransformerConfig, count_parameters, load_
 from model.attention import explicit_attention
 from model.config import parse_overrides
 from model.objective import learning_rate
+from model.params import training_flops
 
 PAPER_STEPS, PAPER_BATCH_TOKENS = 100_000, 25_000  # the base run: 100K steps of ~25000 target tokens
 
@@ -44,16 +45,6 @@ VARIANTS: dict[str, Callable[[TransformerConfig], torch.nn.Module]] = {
     "reference (explicit attention)": lambda cfg: Transformer(cfg, Parts(attend=explicit_attend)),
     "torch.nn.Transformer adapter": lambda cfg: load_model(",".join(["torch-nn", *(f"{k}={v}" for k, v in cfg.to_dict().items())])),
 }
-
-
-def training_flops(cfg: TransformerConfig, groups: dict, src_tokens: int, tgt_tokens: int) -> float:
-    """Model FLOPs of one training step: 6 x (weights each token passes through) per token, attention scores left out.
-
-    Source tokens pass through the encoder's matrices, target tokens through the decoder's and the
-    pre-softmax projection (vocab x d_model); the scores' T^2 terms are under 5% at these lengths.
-    """
-    counts = count_parameters(groups)
-    return 6.0 * (counts["encoder"] * src_tokens + (counts["decoder"] + cfg.vocab_size * cfg.d_model) * tgt_tokens)
 
 
 @dataclass
@@ -72,6 +63,7 @@ def bench_training(name: str, cfg: TransformerConfig, batches: list[Batch], devi
     forward = torch.compile(model) if device.type == "cuda" else model
     autocast = torch.bfloat16 if device.type == "cuda" else None
     optimizer = make_optimizer(model, device)
+    counts = count_parameters(model.parameter_groups())
     times, flops = [], []
     for i, batch in enumerate(tqdm(batches, desc=name, unit="step", leave=False)):
         if device.type == "cuda":
@@ -82,7 +74,7 @@ def bench_training(name: str, cfg: TransformerConfig, batches: list[Batch], devi
             torch.cuda.synchronize()
         if i >= warmup:  # the first steps compile kernels and warm caches
             times.append(time.perf_counter() - start)
-            flops.append(training_flops(cfg, model.parameter_groups(), batch.src_tokens, batch.tgt_tokens))
+            flops.append(training_flops(cfg, counts, batch.src_tokens, batch.tgt_tokens))
     timed = batches[warmup:]
     total_s = sum(times)
     tgt = sum(b.tgt_tokens for b in timed) / total_s

@@ -25,6 +25,7 @@ from ablations.distributed import SINGLE, Ranks
 from ablations.evaluate import dev_bleu, perplexity
 from ablations.train import Diverged, TrainSettings, train
 from model import TransformerConfig, count_parameters, load_model
+from model.params import training_flops
 from model.table3 import Table3Row
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -161,9 +162,9 @@ def run_one(grid: Grid, row: Table3Row, seed: int, data: PreparedData,
         final.update(steps=state.step, tokens_seen=state.tokens_seen, wall_s=state.wall_s,
                      tokens_per_s=state.tokens_seen / state.wall_s if state.wall_s else None)
         peak = peak_flops(grid.device)
-        if peak and final["tokens_per_s"]:  # 6 x params x tokens, about half of them source and half target
-            dense = counts["encoder"] + counts["decoder"] + cfg.d_model * cfg.vocab_size
-            final["mfu"] = 6 * dense * final["tokens_per_s"] / 2 / (peak * grid.ranks.world)  # tokens/s of all ranks
+        if peak and final["tokens_per_s"]:  # about half the tokens are source, half target; tokens/s of all ranks
+            half = final["tokens_per_s"] / 2
+            final["mfu"] = training_flops(cfg, counts, half, half) / (peak * grid.ranks.world)
         started = time.perf_counter()
         final["dev_ppl"] = perplexity(model, data.dev_src, data.dev_tgt, grid.device, settings.micro_tokens, settings.autocast)
         scores = dev_bleu(model, data.sp, data.dev_src, data.dev_refs, grid.device, settings.beam, settings.alpha,

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from model import TransformerConfig, Transformer, count_parameters
+from model.params import training_flops
 from model.table3 import implied_vocab_size, paper_architecture_params, table3_rows
 
 ROWS_WITH_PARAMS = [row for row in table3_rows() if row.paper_params_millions is not None]
@@ -44,3 +45,9 @@ def test_shared_tensor_counted_once():
 
 def test_implied_vocabulary_is_near_the_papers_about_37000():
     assert 37000 <= implied_vocab_size() <= 45000
+
+
+def test_training_flops_count_six_per_weight_per_token_on_each_side():
+    cfg = TransformerConfig(N=1, d_model=8, d_ff=16, h=2, d_k=4, d_v=4, vocab_size=10)
+    counts = {"encoder": 100, "decoder": 200}
+    assert training_flops(cfg, counts, src_tokens=3, tgt_tokens=5) == 6 * (100 * 3 + (200 + 10 * 8) * 5)
