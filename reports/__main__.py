@@ -1,7 +1,8 @@
 """`python -m reports` (= `nox -s report`): rebuild every report under reports/ from the results on disk, in seconds.
 
-Builds Table 3 (Markdown, HTML, LaTeX, CSV) and the figures for every budget folder of ablation results, the
-invariants heatmaps, and the index (which also links the benchmark's bench.md beside them when there is one).
+Builds, for every budget folder of ablation results, Table 3 (Markdown, HTML, LaTeX, CSV), when the paper's
+conclusions appear along training (table and figure), the figures, and the attention map of the trained base model
+when its weights were published; then the invariants heatmaps, and the index (which also links the benchmark's bench.md beside them when there is one).
 Inputs that are missing are skipped with one line naming the command that produces them; when nothing at all can
 be built the exit status is 2.
 """
@@ -13,7 +14,7 @@ import time
 from pathlib import Path
 
 from model.table3 import table3_rows
-from reports import figures, index, table3, table3_formats
+from reports import attention, figures, index, progress, table3, table3_formats
 from reports.index import Artifact
 from reports.inputs import (ABLATIONS_COMMAND, BENCH_COMMAND, BENCH_REPORTS, INVARIANTS_DIR, KILL_MATRIX, REPO,
                             RESULTS_DIR, MissingInput, budget_folders, load_budget, load_invariants, shown_path)
@@ -23,30 +24,49 @@ OUT_DIR = REPO / "reports"
 
 
 def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]]:
-    """Table 3 in every format and the figures of one budget's runs."""
+    """Table 3 in every format, its verdicts along training, and the figures of one budget's runs."""
     results = load_budget(folder)
     table = table3.compare(results.runs)
     summary = table3.summarize(table)
     label = f"{results.budget} (scaled)" if results.scaled else results.budget
     source = f"Inputs: {shown_path(folder)}, produced by: {ABLATIONS_COMMAND.format(budget=results.budget)}"
+    headline = table3_formats.headline(results, table, summary)
     md, page, tex, numbers = table3_formats.write_all(results, table, summary, out_dir / "table3")
-    section = f"Table 3 mirrored, budget {label}"
-    artifacts = [
-        Artifact(section, "Table 3 (HTML page)", page, REBUILD, f"{summary.line()} {source}"),
-        Artifact(section, "Table 3 (Markdown)", md, REBUILD),
+    section, fig_dir, skipped = f"Table 3 mirrored, budget {label}", out_dir / "figures" / results.budget, []
+    artifacts = []  # the headline rides on the first entry: the agreement figure, else the table
+    by_step = progress.by_step(results.curves)
+    if len(by_step):
+        title = f"When do the paper's conclusions appear? Budget {label}"
+        by_step_md, by_step_csv = progress.write(by_step, out_dir / "table3", results.budget, title, table3.SIGNIFICANCE)
+        figures.agreement_by_step(by_step, fig_dir / "agreement_by_step.png", title)
+        artifacts += [
+            Artifact(section, "When do the paper's conclusions appear? Agreement share and Spearman ρ against steps",
+                     fig_dir / "agreement_by_step.png", REBUILD, headline),
+            Artifact(section, "the same per evaluation step and group (Markdown)", by_step_md, REBUILD),
+            Artifact(section, "the same (CSV)", by_step_csv, REBUILD),
+        ]
+    else:
+        skipped.append(f"agreement against steps for {results.budget}: no dev_ppl of base in any metrics.jsonl under {shown_path(folder)}")
+    artifacts += [
+        Artifact(section, "Table 3 (Markdown, narrow)", md, REBUILD, "" if len(by_step) else headline),
+        Artifact(section, "Table 3 (HTML page, wide)", page, REBUILD, f"{summary.line()} {source}"),
         Artifact(section, "Table 3 (LaTeX, booktabs)", tex, REBUILD),
-        Artifact(section, "Table 3 numbers (CSV: means, spreads, changes, verdicts)", numbers, REBUILD),
+        Artifact(section, "Table 3 numbers (CSV: means, spreads, changes, standard errors, verdicts)", numbers, REBUILD),
     ]
     if (folder / "results.csv").is_file():
         artifacts.append(Artifact(section, "all runs (results.csv)", folder / "results.csv",
                                   ABLATIONS_COMMAND.format(budget=results.budget)))
 
-    section, fig_dir, skipped = f"Figures, budget {label}", out_dir / "figures" / results.budget, []
+    section = f"Figures, budget {label}"
     order = [r.name for r in table3_rows()]
+    figures.change_against_change(table, fig_dir / "change_vs_paper.png",
+                                  f"Our change against base vs the paper's, per row, budget {label}")
     figures.group_changes(table, results.runs, fig_dir / "group_changes.png",
                           f"Changes against base per group: ours, budget {label}, beside the paper's")
     figures.params_against_ppl(table, fig_dir / "params_vs_ppl.png", f"Params against dev PPL: ours, budget {label}, and the paper's")
-    artifacts += [Artifact(section, "Changes in PPL and BLEU per group (A-E), ours beside the paper's",
+    artifacts += [Artifact(section, "Our change against the paper's per row, coloured by verdict",
+                           fig_dir / "change_vs_paper.png", REBUILD),
+                  Artifact(section, "Changes in PPL and BLEU per group (A-E), ours beside the paper's",
                            fig_dir / "group_changes.png", REBUILD),
                   Artifact(section, "Params against dev PPL, ours and the paper's", fig_dir / "params_vs_ppl.png", REBUILD)]
     for metric, what in (("loss", "training loss"), ("dev_ppl", "dev perplexity")):
@@ -61,6 +81,12 @@ def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]
         artifacts.append(Artifact(section, "Training tokens/s per row", fig_dir / "tokens_per_s.png", REBUILD))
     else:
         skipped.append(f"tokens/s for {results.budget}: no tokens_per_s in the runs' final.json")
+    try:
+        attention.draw(folder, fig_dir / "attention.png")
+        artifacts.append(Artifact(section, "Encoder self-attention of the trained base model (cf. the paper's Figures 3-5)",
+                                  fig_dir / "attention.png", REBUILD))
+    except MissingInput as missing:
+        skipped.append(f"attention figure for {results.budget}: {missing}; publish base's weights (model.pt) and the BPE model")
     return artifacts, skipped
 
 

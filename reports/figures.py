@@ -1,5 +1,6 @@
-"""Figures (seaborn, Agg backend): our changes against the paper's per group, training curves, tokens/s, params
-against dev PPL, and the invariants verdict and mutant kill matrices as heatmaps.
+"""Figures (seaborn, Agg backend): when the paper's conclusions appear (agreement and Spearman against steps), our
+change against the paper's per row (scatter) and per group, training curves, tokens/s, params against dev PPL, and
+the invariants verdict and mutant kill matrices as heatmaps. Panels with nothing to show are left out.
 
 Each function draws one figure from data already read (reports.inputs, reports.table3), saves it as PNG and
 returns the matplotlib Figure so that tests can read its panels.
@@ -18,8 +19,9 @@ import seaborn as sns  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter  # noqa: E402
 
-from reports.table3 import per_run  # noqa: E402
+from reports.table3 import AGREE, DISAGREE, MIN_SEEDS, NOT_COMPARABLE, NOT_SIGNIFICANT, SE_MULTIPLE, per_run  # noqa: E402
 
 sns.set_theme(context="paper", style="whitegrid")
 GROUPS = ("A", "B", "C", "D", "E")
@@ -31,11 +33,21 @@ VERDICTS = {"pass": ("#55a868", "pass", "pass"), "fail": ("#c44e52", "FAIL", "fa
 KILLS = {"fail": ("#c44e52", "x", "x: the property fails, killing the mutant"), "pass": ("#eeeeee", "", "passes"),
          "not_applicable": ("#bbbbbb", "n/a", "not applicable"), "missing": ("#ffffff", "", "not in the matrix")}
 
+VERDICT_COLOR = {AGREE: "#55a868", DISAGREE: "#c44e52", NOT_SIGNIFICANT: "#999999"}
+FEW_SEEDS_COLOR = "#4c72b0"
+SCOPE_COLOR = {"all": "#222222", **{g: GROUP_COLOR[g] for g in GROUPS}}
+
+
 def _save(fig: plt.Figure, path: Path) -> plt.Figure:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return fig
+
+
+def has_bleu(table: pd.DataFrame) -> bool:
+    """Whether any of our BLEU scores is above zero (a budget too short to translate scores 0 everywhere)."""
+    return bool((table["bleu"].fillna(0) > 0).any())
 
 
 def group_changes(table: pd.DataFrame, runs: pd.DataFrame, path: Path, title: str) -> plt.Figure:
@@ -54,6 +66,9 @@ def group_changes(table: pd.DataFrame, runs: pd.DataFrame, path: Path, title: st
                  for r, g, d in zip(table.index, table["group"], table[f"{metric}_paper_delta"])]
     data = pd.DataFrame(long)
     data = data[data["group"].isin(GROUPS)]
+    if not has_bleu(table):  # nothing to compare: every BLEU of ours is zero or missing
+        data = data[~data["panel"].str.startswith("Δ BLEU")]
+        title += " (BLEU left out: ours is 0 in every row)"
     panels = list(dict.fromkeys(data["panel"]))
     fig, axes = plt.subplots(len(GROUPS), len(panels), figsize=(3.2 * len(panels), 2.1 * len(GROUPS)), squeeze=False)
     for i, group in enumerate(GROUPS):
@@ -75,16 +90,98 @@ def group_changes(table: pd.DataFrame, runs: pd.DataFrame, path: Path, title: st
 
 
 def training_curves(curves: pd.DataFrame, metric: str, path: Path, title: str, order: list[str]) -> plt.Figure:
-    """One panel per row: `metric` (loss or dev_ppl) against step, one line per seed."""
+    """One panel per row: `metric` (loss or dev_ppl) against step, one line per seed; shared axes (dev PPL on a log
+    scale when it spans more than a factor 3) so that the rows can be compared at a glance."""
     data = curves.dropna(subset=[metric])
     rows = [r for r in order if r in set(data["row"])]
     grid = sns.relplot(data, x="step", y=metric, col="row", col_order=rows, col_wrap=min(5, len(rows)),
                        hue="seed", kind="line", estimator=None, errorbar=None, marker="o" if metric == "dev_ppl" else None,
-                       height=1.8, aspect=1.3, facet_kws={"sharey": metric == "loss"}, palette="deep")
+                       height=1.8, aspect=1.3, facet_kws={"sharey": True, "sharex": True}, palette="deep")
+    values = data[metric]
+    if metric == "dev_ppl" and values.max() > 3 * values.min():  # PPL falling from ~1000 to ~10: log scale
+        first = grid.axes.flat[0]  # shared axes share the scale and the tickers
+        first.set_yscale("log")
+        first.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+        first.yaxis.set_major_formatter(ScalarFormatter())
+        first.yaxis.set_minor_formatter(NullFormatter())
+        for ax in grid.axes.flat:
+            ax.yaxis.set_tick_params(labelleft=ax.get_subplotspec().is_first_col())
     grid.set_titles("{col_name}")
     grid.set_ylabels({"loss": "training loss", "dev_ppl": "dev PPL"}.get(metric, metric))
     grid.figure.suptitle(title, y=1.02)
     return _save(grid.figure, path)
+
+
+def agreement_by_step(progress: pd.DataFrame, path: Path, title: str) -> plt.Figure:
+    """Against evaluation step, for all rows and per group A-E: the share of judged rows whose change in dev PPL agrees
+    with the paper's, and Spearman's rho of dev PPL with the paper's. Shared step axis; the share panel is left out
+    when no row could be judged (fewer than MIN_SEEDS seeds)."""
+    panels = [("spearman", "Spearman ρ of dev PPL, ours vs paper", (-1.05, 1.05))]
+    if progress["share"].notna().any():
+        panels.insert(0, ("share", "share of judged rows agreeing with the paper", (-0.03, 1.03)))
+    else:
+        title += f"\n(agreement share left out: no row has {MIN_SEEDS} seeds, so none is judged)"
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.6 * len(panels) + 0.4), sharex=True, squeeze=False)
+    for ax, (column, label, limits) in zip(axes[:, 0], panels):
+        for scope, lines in progress.groupby("scope", sort=False):
+            lines = lines.dropna(subset=[column])
+            if len(lines):
+                ax.plot(lines["step"], lines[column], marker="o", markersize=3, color=SCOPE_COLOR[scope],
+                        linewidth=2.2 if scope == "all" else 1.1, label="all rows" if scope == "all" else f"({scope})")
+        ax.axhline(0.5 if column == "share" else 0.0, color="#888", linewidth=0.8, linestyle="--")
+        ax.set(ylabel=label, ylim=limits)
+        ax.yaxis.label.set_size(8)
+    axes[-1, 0].set_xlabel("training step (dev PPL evaluated)")
+    axes[0, 0].legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _verdict_color(verdict: str) -> str:
+    return VERDICT_COLOR.get(verdict, FEW_SEEDS_COLOR)
+
+
+QUADRANTS = {  # (paper's change > 0, ours > 0) -> label, for a metric where lower is better (PPL)
+    (True, True): "both worse", (False, False): "both better",
+    (False, True): "paper better, ours worse", (True, False): "paper worse, ours better"}
+
+
+def change_against_change(table: pd.DataFrame, path: Path, title: str) -> plt.Figure:
+    """Per row, our change against base (y, with ±2 standard errors) against the paper's (x), coloured by verdict,
+    the four quadrants labelled; one panel per metric (BLEU left out when ours is 0 everywhere). Each axis has its
+    own scale: a scaled budget's changes are not the paper's size, only their signs and order should match."""
+    metrics = [("ppl", "dev PPL", True)] + ([("bleu", "dev BLEU", False)] if has_bleu(table) else [])
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4.6), squeeze=False)
+    verdicts = set()
+    for ax, (m, label, lower_better) in zip(axes[0], metrics):
+        points = table.drop(index="base")
+        points = points[points[f"{m}_agree"] != NOT_COMPARABLE].dropna(subset=[f"{m}_delta", f"{m}_paper_delta"])
+        for name, line in points.iterrows():
+            verdict = line[f"{m}_agree"]
+            verdicts.add(verdict)
+            error = SE_MULTIPLE * line[f"{m}_se"]
+            ax.errorbar(line[f"{m}_paper_delta"], line[f"{m}_delta"], yerr=None if pd.isna(error) else error,
+                        fmt="o", color=_verdict_color(verdict), markersize=5, elinewidth=0.8, capsize=2)
+            ax.annotate(name, (line[f"{m}_paper_delta"], line[f"{m}_delta"]), xytext=(3, 3),
+                        textcoords="offset points", fontsize=7)
+        ax.axhline(0, color="#333", linewidth=0.8)
+        ax.axvline(0, color="#333", linewidth=0.8)
+        ax.margins(0.25)
+        for (paper_up, ours_up), text in QUADRANTS.items():
+            if not lower_better:  # higher BLEU is better: the same quadrant means the opposite
+                text = text.replace("worse", "WORSE").replace("better", "worse").replace("WORSE", "better")
+            ax.text(0.98 if paper_up else 0.02, 0.98 if ours_up else 0.02, text, transform=ax.transAxes,
+                    ha="right" if paper_up else "left", va="top" if ours_up else "bottom", fontsize=7, color="#555",
+                    style="italic")
+        ax.set(xlabel=f"paper's change in {label} against base", ylabel=f"our change in {label} against base",
+               title=label)
+    handles = [Line2D([], [], marker="o", linestyle="", color=_verdict_color(v), label=v) for v in
+               (AGREE, DISAGREE, NOT_SIGNIFICANT, *sorted(v for v in verdicts if v not in VERDICT_COLOR)) if v in verdicts]
+    fig.legend(handles=handles, title="verdict", loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path)
 
 
 def tokens_per_second(runs: pd.DataFrame, path: Path, title: str, order: list[str]) -> plt.Figure:

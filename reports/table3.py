@@ -1,11 +1,8 @@
 """Table 3 mirrored: our runs row by row beside the paper's, with both changes against base and whether they agree.
 
 Every number comes from the runs on disk (reports.inputs) or from model.table3 (the paper's values); nothing here
-is typed in. Several seeds give a mean and a spread (sample standard deviation). The spread of a change is
-sqrt(sd_row^2 + sd_base^2), the spread of the difference of one draw of each; a change smaller than its spread is
-"n.s." (not significant) instead of agreeing or disagreeing, and so is a change of exactly zero. With one seed per
-row there is no spread and the direction is compared as measured (the header says how many seeds each row had).
-Where the paper's own change is zero, any change of ours that is significant counts as disagreeing.
+is typed in. Several seeds give a mean and a spread (sample standard deviation). SIGNIFICANCE below is the rule by
+which a change of ours counts, stated in every report.
 """
 from __future__ import annotations
 
@@ -22,21 +19,57 @@ CONFIG = (*PAPER_CONFIG, "pe")  # pe is row E's change, printed by the paper as 
 METRICS = ("ppl", "bleu", "params")
 OURS_COLUMN = {"ppl": "dev_ppl", "bleu": "bleu", "params": "params"}  # column of the results table
 AGREE, DISAGREE, NOT_SIGNIFICANT, NOT_COMPARABLE = "yes", "no", "n.s.", "—"
+MIN_SEEDS = 3  # fewer finished seeds on either side of a change: no verdict
+SE_MULTIPLE = 2.0  # a change counts beyond this many standard errors of the difference of two means
+SIGNIFICANCE = (
+    f"A change against base counts only with at least {MIN_SEEDS} seeds of the row and of base, and only when it exceeds "
+    f"{SE_MULTIPLE:g} standard errors of the difference of the means, {SE_MULTIPLE:g} × sqrt(sd_row²/n_row + sd_base²/n_base) "
+    "(sd: sample standard deviation over seeds, n: seeds): then it agrees (yes) when it points the paper's way, "
+    "disagrees (no) otherwise; a smaller change is n.s. Where the paper's own change is zero (no change expected), "
+    "a change of ours that does not count agrees and one that counts disagrees. With fewer seeds the verdict says "
+    "how many there were (\"1 seed\"): no yes/no. Parameter counts are exact and compared as counted.")
 
 
-def direction_agreement(ours: float, spread: float, paper: float) -> str:
-    """Whether our change points the paper's way: yes/no, n.s. when zero or smaller than its spread, — when a value is missing."""
+def too_few_seeds(seeds: int) -> str:
+    """The verdict of a change measured with fewer than MIN_SEEDS seeds: just how many there were."""
+    return f"{seeds} seed" if seeds == 1 else f"{seeds} seeds"
+
+
+def change_se(sd_row: float, n_row: int, sd_base: float, n_base: int) -> float:
+    """Standard error of mean_row - mean_base: sqrt(sd_row²/n_row + sd_base²/n_base); NaN without two seeds a side."""
+    if n_row < 2 or n_base < 2:
+        return math.nan
+    return math.sqrt(sd_row * sd_row / n_row + sd_base * sd_base / n_base)
+
+
+def verdict(ours: float, se: float, paper: float, seeds: int, exact: bool = False) -> str:
+    """Whether our change agrees with the paper's under SIGNIFICANCE; `seeds` is the fewer of the row's and base's,
+    `exact` marks a metric without noise (params), compared as counted."""
     if math.isnan(ours) or math.isnan(paper):
         return NOT_COMPARABLE
-    if ours == 0 or abs(ours) < spread:  # no change has no direction; NaN spread (one seed) compares as False
+    if exact:
+        significant = ours != 0
+    elif seeds < MIN_SEEDS:
+        return too_few_seeds(seeds)
+    else:
+        significant = abs(ours) > SE_MULTIPLE * se
+    if paper == 0:  # the paper saw no change: agreeing means seeing none either
+        return DISAGREE if significant else AGREE
+    if not significant:
         return NOT_SIGNIFICANT
     return AGREE if np.sign(ours) == np.sign(paper) else DISAGREE
 
 
-def change_spread(sd_row: float, sd_base: float) -> float:
-    """Spread of (row - base): sqrt(sd_row^2 + sd_base^2) over the spreads known; NaN when neither is (one seed each)."""
-    known = [sd for sd in (sd_row, sd_base) if not math.isnan(sd)]
-    return math.sqrt(sum(sd * sd for sd in known)) if known else math.nan
+def judge(mean: pd.Series, sd: pd.Series, seeds: pd.Series, paper: pd.Series, exact: bool = False) -> pd.DataFrame:
+    """Per row (indexed by row name, base among them): our change against base, its standard error, the paper's
+    change, and the verdict; base itself gets no verdict."""
+    n = seeds.fillna(0).astype(int)
+    delta, paper_delta = mean - mean["base"], paper - paper["base"]
+    se = pd.Series([change_se(sd[r], n[r], sd["base"], n["base"]) for r in mean.index], index=mean.index)
+    verdicts = pd.Series([verdict(delta[r], se[r], paper_delta[r], min(n[r], n["base"]), exact) for r in mean.index],
+                         index=mean.index)
+    verdicts["base"] = NOT_COMPARABLE
+    return pd.DataFrame({"delta": delta, "se": se, "paper_delta": paper_delta, "agree": verdicts})
 
 
 def per_run(runs: pd.DataFrame) -> pd.DataFrame:
@@ -72,7 +105,7 @@ def _config(row: Table3Row, runs: pd.DataFrame, base: dict[str, object]) -> dict
 
 def compare(runs: pd.DataFrame, rows: list[Table3Row] | None = None) -> pd.DataFrame:
     """One line per Table 3 row, in the paper's order: our config, our mean/sd/seeds per metric, the paper's value,
-    our change and the paper's change against the base row, the spread of our change, and whether they agree."""
+    our change and the paper's change against the base row, the standard error of our change, the verdict."""
     rows = rows or table3_rows()
     ours = _ours(runs).reindex([r.name for r in rows])
     base_row = next(r for r in rows if r.name == "base")
@@ -85,43 +118,65 @@ def compare(runs: pd.DataFrame, rows: list[Table3Row] | None = None) -> pd.DataF
     table = table.join(ours)
     table["seeds"] = table["seeds"].fillna(0).astype(int)
     table["not_finished"] = table["not_finished"].fillna(0).astype(int)
-    base = table.loc["base"]
     for m in METRICS:
-        table[f"{m}_delta"] = table[m] - base[m]
-        table[f"{m}_spread"] = [change_spread(sd, base[f"{m}_sd"]) for sd in table[f"{m}_sd"]]
-        table[f"{m}_paper_delta"] = table[f"{m}_paper"] - base[f"{m}_paper"]
-        table[f"{m}_agree"] = [direction_agreement(d, s, p) for d, s, p in
-                               zip(table[f"{m}_delta"], table[f"{m}_spread"], table[f"{m}_paper_delta"])]
-        table.loc["base", f"{m}_agree"] = NOT_COMPARABLE  # base is the reference, not a change
+        judged = judge(table[m], table[f"{m}_sd"], table["seeds"], table[f"{m}_paper"], exact=m == "params")
+        table[f"{m}_delta"], table[f"{m}_se"] = judged["delta"], judged["se"]
+        table[f"{m}_paper_delta"], table[f"{m}_agree"] = judged["paper_delta"], judged["agree"]
     return table
 
 
 @dataclass(frozen=True)
-class Summary:
-    """Rows whose direction agrees with the paper, per metric, and the rank correlation of PPL across rows."""
+class Tally:
+    """Verdicts over rows: agreeing, judged (yes + no + n.s.), not significant, and without a verdict for want of seeds."""
 
-    agree: dict[str, int]
-    compared: dict[str, int]  # rows with a significant change to compare (agree + disagree)
-    not_significant: dict[str, int]
+    agree: int
+    judged: int
+    not_significant: int
+    few_seeds: int
+
+    @property
+    def share(self) -> float:
+        """The share of judged rows that agree with the paper; NaN when no row could be judged."""
+        return self.agree / self.judged if self.judged else math.nan
+
+    def text(self) -> str:
+        if not self.judged:
+            return f"no verdict ({self.few_seeds} rows with fewer than {MIN_SEEDS} seeds)" if self.few_seeds else "no rows"
+        few = f", {self.few_seeds} with fewer than {MIN_SEEDS} seeds" if self.few_seeds else ""
+        return f"{self.agree} of {self.judged} rows agree ({self.share:.0%}; n.s. {self.not_significant}{few})"
+
+
+def tally(verdicts: pd.Series) -> Tally:
+    """Count the verdicts of the rows (base and rows without a value excluded)."""
+    counts = verdicts.value_counts()
+    few = sum(n for v, n in counts.items() if v.endswith(("seed", "seeds")))
+    agree, disagree, ns = (int(counts.get(v, 0)) for v in (AGREE, DISAGREE, NOT_SIGNIFICANT))
+    return Tally(agree, agree + disagree + ns, ns, int(few))
+
+
+def spearman(ours: pd.Series, paper: pd.Series) -> tuple[float, int]:
+    """Spearman's rank correlation of our values with the paper's over the rows having both; NaN under 3 rows."""
+    both = pd.DataFrame({"ours": ours, "paper": paper}).dropna()
+    rho = both.corr(method="spearman").loc["ours", "paper"] if len(both) >= 3 else math.nan
+    return float(rho), len(both)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The verdicts per metric (PPL, BLEU) and the rank correlation of PPL across rows."""
+
+    tallies: dict[str, Tally]
     spearman_ppl: float
     spearman_rows: int
 
     def line(self) -> str:
-        parts = [f"{label} {self.agree[m]} of {self.compared[m]} rows (n.s.: {self.not_significant[m]})"
-                 for m, label in (("ppl", "PPL"), ("bleu", "BLEU"))]
         rho = "n/a (fewer than 3 rows)" if math.isnan(self.spearman_ppl) else f"{self.spearman_ppl:.2f}"
-        return (f"Directions agree with the paper: {'; '.join(parts)}. "
+        return (f"Agreement with the paper's changes (2-SE rule, at least {MIN_SEEDS} seeds): "
+                f"PPL {self.tallies['ppl'].text()}; BLEU {self.tallies['bleu'].text()}. "
                 f"Spearman rank correlation of dev PPL, ours vs paper, over {self.spearman_rows} rows: {rho}.")
 
 
 def summarize(table: pd.DataFrame) -> Summary:
-    """Count agreeing, disagreeing and non-significant rows; Spearman's rho of our PPL against the paper's."""
-    counts = {m: table[f"{m}_agree"].value_counts() for m in ("ppl", "bleu")}
-    both = table[["ppl", "ppl_paper"]].dropna()
-    rho = both.corr(method="spearman").loc["ppl", "ppl_paper"] if len(both) >= 3 else math.nan
-    return Summary(
-        agree={m: int(c.get(AGREE, 0)) for m, c in counts.items()},
-        compared={m: int(c.get(AGREE, 0) + c.get(DISAGREE, 0)) for m, c in counts.items()},
-        not_significant={m: int(c.get(NOT_SIGNIFICANT, 0)) for m, c in counts.items()},
-        spearman_ppl=float(rho), spearman_rows=len(both),
-    )
+    """Tally the PPL and BLEU verdicts; Spearman's rho of our PPL against the paper's."""
+    rho, rows = spearman(table["ppl"], table["ppl_paper"])
+    return Summary({m: tally(table[f"{m}_agree"]) for m in ("ppl", "bleu")}, rho, rows)

@@ -1,7 +1,9 @@
 """Table 3 mirrored as Markdown (pandas to_markdown), a standalone HTML page and LaTeX booktabs (pandas Styler).
 
-All three show the same cells: the paper's columns with blanks where a value equals base, and beside each of PPL,
-BLEU and params ours, the paper's, our change, the paper's change and whether they agree.
+HTML and LaTeX show the wide table: the paper's columns with blanks where a value equals base, and beside each of
+PPL, BLEU and params ours, the paper's, our change, the paper's change and the verdict. The Markdown is narrow enough
+for a code host: each row's change to the configuration as text, the paper's and our PPL, BLEU and params side by
+side, and the changes with their verdicts in one compact column.
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 from reports.inputs import BudgetResults, shown_path
-from reports.table3 import METRICS, PAPER_CONFIG, Summary
+from ablations.data import PRESETS
+from reports.table3 import METRICS, PAPER_CONFIG, SIGNIFICANCE, Summary
 
 METRIC_LABEL = {"ppl": "PPL (dev)", "bleu": "BLEU (dev)", "params": "params ×10⁶"}
 DECIMALS = {"ppl": 2, "bleu": 1}  # as the paper prints them
@@ -24,10 +27,10 @@ LATEX_LABEL = {"N": "$N$", "d_model": "$d_\\text{model}$", "d_ff": "$d_\\text{ff
 PE_TEXT = {"learned": "positional embedding instead of sinusoids", "none": "no positional encoding"}
 AGREE_COLOR = {"yes": "#d8f0d8", "no": "#f6d5d5", "n.s.": "#ececec"}
 LEGEND = ("Blank configuration cell: same as base, as the paper prints it. Δ: change against the base row "
-          "(ours against our base, the paper's against its base); ± is the sample standard deviation over seeds "
-          "(for a change, sqrt(sd_row² + sd_base²)). agree: our change points the paper's way (yes/no); n.s.: our "
-          "change is zero or smaller than its spread; —: nothing to compare. Rows not run show the paper's changes "
-          "to the configuration. Paper values: Vaswani et al. (2017), Table 3.")
+          "(ours against our base, the paper's against its base). ± after a value is the sample standard deviation "
+          "over seeds, after a change its standard error. agree: the verdict; —: nothing to compare. "
+          f"{SIGNIFICANCE} Rows not run show the paper's changes to the configuration. "
+          "Paper values: Vaswani et al. (2017), Table 3.")
 
 
 def _metric_text(metric: str, value: float, sd: float = math.nan, signed: bool = False) -> str:
@@ -81,7 +84,7 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
         cells = {("", k): v for k, v in _config_cells(line, base).items()}
         for m in METRICS:
             paper = _metric_text(m, line[f"{m}_paper"])
-            delta = "" if name == "base" else _metric_text(m, line[f"{m}_delta"], line[f"{m}_spread"], signed=True)
+            delta = "" if name == "base" else _metric_text(m, line[f"{m}_delta"], line[f"{m}_se"], signed=True)
             paper_delta = "" if name == "base" else _metric_text(m, line[f"{m}_paper_delta"], signed=True)
             cells |= {(METRIC_LABEL[m], "ours"): _ours_text(line, m), (METRIC_LABEL[m], "paper"): paper,
                       (METRIC_LABEL[m], "Δ ours"): delta, (METRIC_LABEL[m], "Δ paper"): paper_delta,
@@ -115,8 +118,10 @@ def provenance(results: BudgetResults, table: pd.DataFrame) -> list[tuple[str, s
     dates = runs["date"].dropna().astype(str) if "date" in runs else pd.Series(dtype=str)
     ran = table.loc[table["seeds"] > 0, "seeds"]
     not_run = [n for n, s, f in zip(table.index, table["seeds"], table["not_finished"]) if s == 0 and f == 0]
+    base_config = ", ".join(f"{CONFIG_LABEL.get(c, c)}={_config_value(c, base[c])}" for c in (*PAPER_CONFIG, "pe"))
     return [
         ("budget", budget),
+        ("base configuration", base_config),
         ("data", f"preset {unique('preset')}" + "".join(f", {k}={v}" for k, v in results.data.items())),
         ("training", ", ".join(f"{k}={v}" for k, v in results.train.items()) or "unknown"),
         ("model", unique("model_spec")),
@@ -147,19 +152,58 @@ def unfinished_note(runs: pd.DataFrame) -> str:
 
 # --- Markdown --------------------------------------------------------------------------------------------------
 
-def _flat(shown: pd.DataFrame) -> pd.DataFrame:
-    """One header row: 'PPL (dev) ours', ...; the group label only on a group's first row, as in the paper."""
-    flat = shown.copy()
-    flat.columns = [" ".join(p for p in c if p) for c in shown.columns]
-    groups = shown.index.get_level_values(0)
-    flat.insert(0, "row", shown.index.get_level_values(1))
-    flat.insert(0, "", [g if i == 0 or g != groups[i - 1] else "" for i, g in enumerate(groups)])
-    return flat.reset_index(drop=True)
+SHORT = {"ppl": "PPL", "bleu": "BLEU", "params": "params"}
 
 
-def markdown(shown: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, note: str, title: str) -> str:
-    lines = [f"# {title}", "", *[f"- **{k}**: {v}" for k, v in header], "", f"**Summary.** {summary.line()}", "",
-             _flat(shown).to_markdown(index=False, disable_numparse=True), "", LEGEND]
+def _changes_text(line: pd.Series, base: pd.Series) -> str:
+    """A row's configuration as its changes against base, e.g. 'h=1, d_k=64, d_v=64' (our values: a budget may scale)."""
+    changed = [f"{CONFIG_LABEL.get(c, c)}={_config_value(c, line[c])}" for c in (*PAPER_CONFIG, "pe") if line[c] != base[c]]
+    if line["steps"] != base["steps"] and not math.isnan(line["steps"]):
+        changed.append(f"steps={_steps(line['steps'])}")
+    return ", ".join(changed)
+
+
+def _verdicts_text(line: pd.Series) -> str:
+    """PPL and BLEU changes in one cell: 'PPL +1.00/+0.37 yes · BLEU −2.0/−0.9 yes' (ours/paper, then the verdict);
+    a paper change of zero prints as 0 (no change expected); one seed count shared by both prints once."""
+    shown = [m for m in ("ppl", "bleu") if not math.isnan(line[f"{m}_delta"])]
+    verdicts = {line[f"{m}_agree"] for m in shown}
+    shared = verdicts.pop() if len(verdicts) == 1 and next(iter(verdicts)).endswith(("seed", "seeds")) else None
+
+    def change(m: str) -> str:
+        paper = "0" if line[f"{m}_paper_delta"] == 0 else _metric_text(m, line[f"{m}_paper_delta"], signed=True)
+        text = f"{SHORT[m]} {_metric_text(m, line[f'{m}_delta'], signed=True)}/{paper}"
+        return text if shared else f"{text} {line[f'{m}_agree']}"
+
+    return " · ".join(change(m) for m in shown) + (f" ({shared})" if shared else "")
+
+
+def narrow(table: pd.DataFrame) -> pd.DataFrame:
+    """The Markdown table: row, its changes, then paper and ours side by side per metric, seeds, changes and verdicts."""
+    base = table.loc["base"]
+    records = []
+    for name, line in table.iterrows():
+        cells = {"row": name, "changes": "" if name == "base" else _changes_text(line, base)}
+        for m in METRICS:
+            cells[f"{SHORT[m]} paper"] = _metric_text(m, line[f"{m}_paper"])
+            cells[f"{SHORT[m]} ours"] = _ours_text(line, m)
+        cells["seeds"] = str(line["seeds"])
+        cells["Δ ours/paper, verdict"] = "" if name == "base" else _verdicts_text(line)
+        records.append(cells)
+    return pd.DataFrame(records)
+
+
+MARKDOWN_LEGEND = ("changes: our configuration where it differs from our base row. params: ×10⁶. "
+                   "± after a value: sample standard deviation over seeds. Δ ours/paper: the change against the base "
+                   "row, ours then the paper's, then the verdict. The wide table with every configuration column and "
+                   "the standard errors of the changes is in the HTML, LaTeX and CSV versions beside this file.")
+
+
+def markdown(table: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, note: str, title: str,
+             headline: str) -> str:
+    lines = [f"# {title}", "", f"**{headline}**", "", *[f"- **{k}**: {v}" for k, v in header], "",
+             f"**Summary.** {summary.line()}", "", narrow(table).to_markdown(index=False, disable_numparse=True), "",
+             MARKDOWN_LEGEND, "", SIGNIFICANCE, "", "Paper values: Vaswani et al. (2017), Table 3."]
     if note:
         lines += ["", f"Runs that did not finish: {note}."]
     return "\n".join(lines) + "\n"
@@ -191,7 +235,7 @@ def _group_rules(shown: pd.DataFrame) -> pd.DataFrame:
                         index=shown.index, columns=shown.columns)
 
 
-def page(shown: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, note: str, title: str) -> str:
+def page(shown: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, note: str, title: str, headline: str) -> str:
     agree = [c for c in shown.columns if c[1] == "agree"]
     styler = (shown.style.set_uuid("table3")  # a fixed id keeps the page identical across rebuilds of the same results
               .apply(_group_rules, axis=None)
@@ -203,14 +247,14 @@ def page(shown: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, n
     items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in header)
     unfinished = f"<p class=\"legend\">Runs that did not finish: {html.escape(note)}.</p>" if note else ""
     return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{html.escape(title)}</title>\n"
-            f"<style>{CSS}</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n<dl class=\"header\">{items}</dl>\n"
+            f"<style>{CSS}</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n<p class=\"summary\">{html.escape(headline)}</p>\n<dl class=\"header\">{items}</dl>\n"
             f"<p class=\"summary\">{html.escape(summary.line())}</p>\n{styler.to_html()}\n"
             f"<p class=\"legend\">{html.escape(LEGEND)}</p>\n{unfinished}\n</body>\n</html>\n")
 
 
 # --- LaTeX -----------------------------------------------------------------------------------------------------
 
-LATEX_TEXT = {"±": "$\\pm$", "−": "$-$", "—": "---", "ε": "$\\epsilon$", "×": "$\\times$", "⁶": "$^6$",
+LATEX_TEXT = {"±": "$\\pm$", "−": "$-$", "—": "---", "ε": "$\\epsilon$", "×": "$\\times$", "⁶": "$^6$", "ρ": "$\\rho$", "²": "$^2$",
               "&": "\\&", "%": "\\%", "_": "\\_", "#": "\\#"}
 
 
@@ -218,11 +262,11 @@ def _latex_text(text: str) -> str:
     return "".join(LATEX_TEXT.get(ch, ch) for ch in str(text))
 
 
-def latex(shown: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, note: str, title: str) -> str:
+def latex(shown: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, note: str, title: str, headline: str) -> str:
     """A booktabs table laid out like the paper's: the configuration columns, then ours beside the paper's."""
     labels = {**{k: _latex_text(k) for k in set(shown.columns.get_level_values(0))}, **LATEX_LABEL}
     cells = shown.map(_latex_text).rename(columns=lambda c: labels.get(c, _latex_text(c)))
-    caption = _latex_text(f"{title}. {summary.line()}")
+    caption = _latex_text(f"{title}. {headline} {summary.line()}")
     tex = cells.style.to_latex(hrules=True, multicol_align="c", multirow_align="naive", clines="skip-last;data", environment="table",
                                position_float="centering", caption=caption, column_format="ll" + "r" * shown.shape[1])
     tex = re.sub(r"\\cline\{[^}]*\}", r"\\midrule", tex)  # booktabs rules between the groups
@@ -236,18 +280,45 @@ def latex(shown: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, 
     return "% Generated by `python -m reports` (needs \\usepackage{booktabs,graphicx}).\n" + "\n".join(comments) + "\n" + tex
 
 
-FORMATS = {"md": markdown, "html": page, "tex": latex}
+def headline(results: BudgetResults, table: pd.DataFrame, summary: Summary) -> str:
+    """The budget's summary line: what was trained (sizes, data, steps, seeds), base's dev BLEU, and at the final step
+    the share of rows agreeing with the paper and Spearman's rho of PPL, whatever they are."""
+    base, paper_width = table.loc["base"], 512
+    width = base["d_model"]
+    sizes = "the paper's sizes" if math.isnan(width) or width == paper_width else \
+        f"scaled sizes (d_model {width:.0f} = the paper's /{paper_width / width:g})"
+    presets = results.runs["preset"].dropna().unique() if "preset" in results.runs else []
+    data = ", ".join(f"{p} (dev {PRESETS[p].dev})" if p in PRESETS else str(p) for p in sorted(presets)) or "unknown data"
+    limits = [f"first {results.data[k]} {what} pairs" for k, what in (("max_train_pairs", "training"), ("dev_pairs", "dev"))
+              if results.data.get(k)]
+    data += "".join(f", {limit}" for limit in limits) + ("" if "wmt14" in presets else ", not the paper's WMT 2014")
+    ran = table.loc[table["seeds"] > 0, "seeds"]
+    seeds = f"{_span(ran, str)} seed{'' if ran.max() == 1 else 's'} per row" if len(ran) else "no finished run"
+    steps = f"{_steps(base['steps'])} steps (base)" if not math.isnan(base["steps"]) else "base not finished"
+    bleu = "not finished" if base["seeds"] == 0 else _metric_text("bleu", base["bleu"], base["bleu_sd"])
+    ppl = summary.tallies["ppl"]
+    share = f"{ppl.share:.0%} ({ppl.agree} of {ppl.judged} judged rows)" if ppl.judged else \
+        f"no verdict (fewer than 3 seeds: {ppl.few_seeds} rows)"
+    rho = "n/a" if math.isnan(summary.spearman_ppl) else f"{summary.spearman_ppl:.2f} over {summary.spearman_rows} rows"
+    return (f"Budget {results.budget}: {sizes}, {data}, {steps}, {seeds}. Base dev BLEU {bleu}. At the final step: "
+            f"dev-PPL changes agreeing with the paper {share}; Spearman ρ of dev PPL vs the paper's {rho}.")
+
+
+FORMATS = {"html": page, "tex": latex}
 
 
 def write_all(results: BudgetResults, table: pd.DataFrame, summary: Summary, out_dir: Path) -> list[Path]:
-    """Table 3 for one budget in every format, plus the numbers behind it as CSV; returns the files written."""
+    """Table 3 for one budget: narrow Markdown, wide HTML and LaTeX, the numbers behind it as CSV; returns the files."""
     title = f"Table 3 mirrored: budget {results.budget}" + (" (scaled)" if results.scaled else "")
     shown, header, note = display(table), provenance(results, table), unfinished_note(results.runs)
+    line = headline(results, table, summary)
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    md = out_dir / f"{results.budget}.md"
+    md.write_text(markdown(table, header, summary, note, title, line))
+    written = [md]
     for ext, render in FORMATS.items():
         path = out_dir / f"{results.budget}.{ext}"
-        path.write_text(render(shown, header, summary, note, title))
+        path.write_text(render(shown, header, summary, note, title, line))
         written.append(path)
     numbers = out_dir / f"{results.budget}.csv"
     table.to_csv(numbers)

@@ -2,6 +2,8 @@
 the command that regenerates it, and missing inputs are one line each, never a traceback."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 from pathlib import Path
@@ -49,9 +51,10 @@ def built(tmp_path_factory):
     write_fixture(root / "results")
     write_invariants(root / "invariants")
     drawn, save = {}, figures._save
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(io.StringIO()) as err:
         patch.setattr(figures, "_save", lambda fig, path: drawn.setdefault(path.name, save(fig, path)))
         code = main(["--results", str(root / "results"), "--invariants", str(root / "invariants"), "--out", str(root / "out")])
+    drawn["stderr"] = err.getvalue()
     return code, root, drawn
 
 
@@ -60,7 +63,8 @@ def test_build_writes_every_table_and_figure(built):
     out = root / "out"
     assert code == 0
     expected = ["table3/smoke.md", "table3/smoke.html", "table3/smoke.tex", "table3/smoke.csv",
-                "figures/smoke/group_changes.png", "figures/smoke/params_vs_ppl.png", "figures/smoke/curves_loss.png",
+                "table3/smoke_by_step.md", "table3/smoke_by_step.csv", "figures/smoke/agreement_by_step.png",
+                "figures/smoke/change_vs_paper.png", "figures/smoke/group_changes.png", "figures/smoke/params_vs_ppl.png", "figures/smoke/curves_loss.png",
                 "figures/smoke/curves_dev_ppl.png", "figures/smoke/tokens_per_s.png",
                 "figures/invariants_verdicts.png", "figures/kill_matrix.png", "index.html", "README.md"]
     for name in expected:
@@ -81,7 +85,8 @@ def test_index_links_every_report_with_its_command(built):
     for name in ("kill_matrix.md", "kill_matrix.json", "mutants/mutant-no_scale.json"):  # the mutants' reports too
         assert f"](../invariants/{name}) — `python -m invariants --kill-matrix`" in readme
     assert readme.count("`nox -s report`") >= len(generated)
-    assert "PPL 3 of 4 rows (n.s.: 1)" in readme  # the table's summary beside its link
+    assert "PPL 1 of 4 rows agree" in readme  # the table's summary beside its link
+    assert "Base dev BLEU 20.4 ± 0.4" in readme and "At the final step" in readme  # the budget's headline
 
 
 def test_missing_inputs_are_one_line_each_naming_the_command(tmp_path, capsys):
@@ -113,8 +118,46 @@ def test_group_figure_has_ours_beside_the_papers_for_each_group_and_metric(built
     table = table3.compare(load_budget(root / "results" / "smoke").runs)
     paper_a = fig.axes[1]  # bar heights are the paper's changes for A1..A4
     assert [p.get_height() for p in paper_a.patches] == pytest.approx(table.loc[["A1", "A2", "A3", "A4"], "ppl_paper_delta"])
-    ours_a = fig.axes[0]  # ours: A1 and A3 ran (+1.0 and +0.05 against base), A2 and A4 did not
-    assert [p.get_height() for p in ours_a.patches] == pytest.approx([1.0, 0.05], abs=1e-9)
+    ours_a = fig.axes[0]  # ours: A1 and A3 ran (+1.0 and +0.1 against base), A2 and A4 did not
+    assert [p.get_height() for p in ours_a.patches] == pytest.approx([1.0, 0.1], abs=1e-9)
+
+
+def test_group_figure_leaves_out_bleu_when_ours_is_zero_everywhere(tmp_path):
+    results = load_budget(write_fixture(tmp_path))
+    runs = results.runs.assign(bleu=0.0)
+    table = table3.compare(runs)
+    fig = figures.group_changes(table, runs, tmp_path / "g.png", "t")
+    assert fig.axes and not any("BLEU" in ax.get_title() for ax in fig.axes)
+    assert len(figures.change_against_change(table, tmp_path / "s.png", "t").axes) == 1  # PPL only
+
+
+def test_without_published_weights_the_attention_figure_is_skipped_in_one_line(built):
+    _, root, drawn = built
+    assert "Traceback" not in drawn["stderr"]
+    lines = [line for line in drawn["stderr"].splitlines() if "attention" in line]
+    assert len(lines) == 1 and "no base run with weights (model.pt or checkpoint.pt)" in lines[0]
+    assert not (root / "out" / "figures" / "smoke" / "attention.png").exists()
+
+
+def test_agreement_figure_shares_the_step_axis_and_draws_every_scope(built):
+    _, _, drawn = built
+    share, rho = drawn["agreement_by_step.png"].axes[:2]
+    assert share.get_shared_x_axes().joined(share, rho)
+    assert [t.get_text() for t in share.get_legend().get_texts()] == ["all rows", "(A)", "(C)", "(E)"]  # D1: 2 seeds
+    assert share.get_ylim()[0] < 0 < 1 < share.get_ylim()[1] and rho.get_ylim()[0] < -1 < 1 < rho.get_ylim()[1]
+
+
+def test_scatter_puts_each_judged_row_at_paper_change_and_our_change_coloured_by_verdict(built):
+    _, root, drawn = built
+    table = table3.compare(load_budget(root / "results" / "smoke").runs)
+    ppl = drawn["change_vs_paper.png"].axes[0]
+    points = {t.get_text(): t.xy for t in ppl.texts if t.get_text() in table.index}
+    assert points["A1"] == pytest.approx((table.loc["A1", "ppl_paper_delta"], table.loc["A1", "ppl_delta"]))
+    assert set(points) == {"A1", "A3", "C7", "D1", "E1", "big"}
+    quadrants = {t.get_text() for t in ppl.texts} - set(points)
+    assert quadrants == {"both worse", "both better", "paper better, ours worse", "paper worse, ours better"}
+    colors = {line.get_color() for line in ppl.lines}
+    assert {figures.VERDICT_COLOR["yes"], figures.VERDICT_COLOR["no"], figures.VERDICT_COLOR["n.s."]} <= colors
 
 
 def test_verdict_heatmap_labels_each_cell_with_its_verdict(built):
