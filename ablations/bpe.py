@@ -4,14 +4,19 @@ Ids: 0 pad (the model's pad_id), 1 unk, 2 bos, 3 eos. The model file lives in `<
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import os
+import sys
+import time
 from pathlib import Path
 
 import sentencepiece as spm
+from tqdm.auto import tqdm
 
 from ablations.data import DataError, Pairs
+from ablations.runs import StorageError, write_atomic
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
@@ -36,23 +41,49 @@ def _options(vocab_size: int) -> dict[str, object]:
 
 
 def shared_bpe(train: Pairs, vocab_size: int, cache_dir: Path) -> spm.SentencePieceProcessor:
-    """Train (or load from the cache) one BPE model on the English and German training sentences together."""
+    """Train (or load from the cache) one BPE model on the English and German training sentences together.
+
+    Processes started side by side wait for the one that trains it (a lock beside the cached file) and load it."""
     path = cache_dir / f"bpe-{vocab_size}-{bpe_key(train, vocab_size)}.model"
     if not path.is_file():
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        model = io.BytesIO()
         try:
-            spm.SentencePieceTrainer.train(sentence_iterator=iter(train.src + train.tgt), model_writer=model, **_options(vocab_size))
-        except RuntimeError as exc:
-            first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            raise DataError(f"sentencepiece could not train a {vocab_size}-token BPE on {len(train)} pairs ({first}); use a smaller vocabulary") from None
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_bytes(model.getvalue())
-        os.replace(tmp, path)
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            lock = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StorageError(cache_dir, exc) from None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel if this process dies
+            if not path.is_file():
+                write_atomic(path, _train(train, vocab_size))
+        finally:
+            os.close(lock)
     return spm.SentencePieceProcessor(model_file=str(path))
 
 
-def encode(sp: spm.SentencePieceProcessor, pairs: Pairs) -> tuple[list[list[int]], list[list[int]]]:
-    """Source ids end with EOS; target ids are the bare sentence (the batcher adds BOS and EOS)."""
-    src = [ids + [EOS] for ids in sp.encode(list(pairs.src))]
-    return src, sp.encode(list(pairs.tgt))
+def _train(train: Pairs, vocab_size: int) -> bytes:
+    print(f"training a shared BPE of {vocab_size} tokens on {2 * len(train)} sentences (once: it is cached)...",
+          end="", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(train.src + train.tgt), model_writer=model, **_options(vocab_size))
+    except RuntimeError as exc:
+        print(file=sys.stderr)
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise DataError(f"sentencepiece could not train a {vocab_size}-token BPE on {len(train)} pairs ({first}); use a smaller vocabulary") from None
+    print(f" done in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return model.getvalue()
+
+
+def encode(sp: spm.SentencePieceProcessor, pairs: Pairs, progress: str | None = None,
+           chunk: int = 20_000) -> tuple[list[list[int]], list[list[int]]]:
+    """Source ids end with EOS; target ids are the bare sentence (the batcher adds BOS and EOS).
+    With `progress` (a label), a bar counts the pairs encoded."""
+    src: list[list[int]] = []
+    tgt: list[list[int]] = []
+    with tqdm(total=len(pairs), desc=progress, unit="pair", leave=False, dynamic_ncols=True, disable=progress is None) as bar:
+        for start in range(0, len(pairs), chunk):
+            src += [ids + [EOS] for ids in sp.encode(list(pairs.src[start:start + chunk]))]
+            tgt += sp.encode(list(pairs.tgt[start:start + chunk]))
+            bar.update(min(chunk, len(pairs) - start))
+    return src, tgt

@@ -19,6 +19,7 @@ class Budget:
     scale: int  # d_model, d_ff, d_k, d_v are divided by this; 1 = the paper's sizes
     steps: int | None  # optimizer steps per row; None = the row's own (100K, big 300K)
     warmup: int  # warmup_steps of the learning-rate schedule (the paper: 4000 of 100K steps)
+    lr_peak: float | None  # the schedule's peak; None = eq. (3)'s d_model^-0.5 * warmup^-0.5
     batch_tokens: int  # source (and target) positions per optimizer step (the paper: about 25000)
     accumulation: int  # micro-batches per optimizer step; each holds batch_tokens / accumulation
     preset: str  # data preset used unless --preset says otherwise
@@ -43,17 +44,17 @@ BUDGETS: dict[str, Budget] = {
     # Every size / 8, two dozen steps on 4000 Multi30k pairs: the whole grid runs on 2 CPU cores in CI. Far too
     # little training to translate (BLEU ~0); it shows that every row trains, scores and records. Warmup = steps keeps
     # the paper's rate d_model^-0.5 * min(...) below 0.03 at d_model=64 (4% of the steps would start at 0.125).
-    "smoke": Budget("smoke", scale=8, steps=24, warmup=24, batch_tokens=400, accumulation=1, preset="multi30k",
+    "smoke": Budget("smoke", scale=8, steps=24, warmup=24, lr_peak=None, batch_tokens=400, accumulation=1, preset="multi30k",
                     vocab_size=1000, max_train_pairs=4000, dev_pairs=100, max_sentence_tokens=64,
                     log_every=4, eval_every=12, checkpoint_every=8, compile=False),
     # Real sizes on one GPU, 1% of the paper's base steps for every row (big included): a first look. Warmup = steps:
     # the rate peaks at the last step at 1.4e-3 for d_model=512, twice the paper's peak (7e-4) for half its batch; a
     # shorter warmup peaks higher, and smoke-sized models given 13x their paper-equivalent peak stall at unigram level.
-    "short": Budget("short", scale=1, steps=1000, warmup=1000, batch_tokens=12000, accumulation=1, preset="news",
+    "short": Budget("short", scale=1, steps=1000, warmup=1000, lr_peak=None, batch_tokens=12000, accumulation=1, preset="news",
                     vocab_size=None, max_train_pairs=None, dev_pairs=None, max_sentence_tokens=128,
                     log_every=25, eval_every=250, checkpoint_every=250, compile=True),
     # The paper's recipe: 100K steps (big 300K) of 25000-token batches, warmup 4000, newstest2013 as dev.
-    "paper": Budget("paper", scale=1, steps=None, warmup=4000, batch_tokens=25000, accumulation=1, preset="wmt14",
+    "paper": Budget("paper", scale=1, steps=None, warmup=4000, lr_peak=None, batch_tokens=25000, accumulation=1, preset="wmt14",
                     vocab_size=None, max_train_pairs=None, dev_pairs=None, max_sentence_tokens=256,
                     log_every=100, eval_every=5000, checkpoint_every=1000, compile=True),
 }

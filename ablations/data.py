@@ -13,6 +13,8 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 ENV_VAR = "AIAYN_DATA"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HOW_TO_GET = "see README.md, section Ablations, 'Data'"
@@ -103,7 +105,13 @@ def _language_file(root: Path, stem: str, lang: str, preset: str) -> Path:
 def read_lines(path: Path) -> list[str]:
     """The file's lines, split on '\\n' only (U+0085 and U+2028 may occur inside a line)."""
     raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
-    text = raw.decode("utf-8")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise DataError(f"{path}, line {line}, byte {column}: {raw[exc.start:exc.start + 1]!r} is not UTF-8; "
+                        f"convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
     lines = text.split("\n")
     return lines[:-1] if lines and lines[-1] == "" else lines
 
@@ -139,7 +147,7 @@ def load_corpus(preset: str, root: Path, max_train_pairs: int | None = None, max
     seen: set[tuple[str, str]] = set()
     kept: list[tuple[str, str]] = []
     removed = 0
-    for stem in spec.train:
+    for stem in tqdm(spec.train, desc=f"reading {preset}", unit="file", leave=False, dynamic_ncols=True):
         part = read_pairs(root, stem, preset)
         for pair in zip(part.src, part.tgt):
             if pair[0] in held_out or pair[1] in held_out:

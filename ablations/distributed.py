@@ -6,7 +6,7 @@ torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; `setup` joins the process group (
 CPU) and gives each process its GPU. Every rank reads the same deterministic batch stream and keeps
 its share of each step's micro-batches (`shard`), so a step trains on exactly the batches of a
 single-process run with the same --accumulation; DDP averages the gradients. Rank 0 alone writes
-logs, checkpoints and results; every rank resumes from the same checkpoint.
+logs, checkpoints and results (and holds the run's lock); every rank resumes from the same checkpoint.
 """
 from __future__ import annotations
 
@@ -117,3 +117,21 @@ def main_first(ranks: Ranks, make: Callable[[], T]) -> T:
     if not ranks.main:
         made = make()
     return made
+
+
+def first_signal(signum: int | None, ranks: Ranks, device: torch.device) -> int | None:
+    """A stop signal seen by any rank after a step (the largest number if several): all ranks stop after the same step."""
+    if not ranks.parallel:
+        return signum
+    flag = torch.tensor([signum or 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item()) or None
+
+
+def from_main(value: T, ranks: Ranks) -> T:
+    """Rank 0's value on every rank (what rank 0 alone decides: whether a run is taken, whether it already ended)."""
+    if not ranks.parallel:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

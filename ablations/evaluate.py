@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import sentencepiece as spm
 import torch
 from sacrebleu.metrics import BLEU
+from tqdm.auto import tqdm
 
 from ablations.batching import bucketed_batches, make_batch
 from ablations.decoding import translate
@@ -21,17 +22,23 @@ from model.objective import label_smoothed_loss
 
 @torch.no_grad()
 def perplexity(model, src: list[list[int]], tgt: list[list[int]], device: torch.device, max_tokens: int = 4000,
-               autocast: torch.dtype | None = None) -> float:
-    """exp(mean negative log-likelihood per target BPE token, EOS included), with no label smoothing."""
+               autocast: torch.dtype | None = None, progress: str | None = None) -> float:
+    """exp(mean negative log-likelihood per target BPE token, EOS included), with no label smoothing.
+
+    With `progress` (a label), a bar counts the sentences scored."""
     model.eval()
     total_nll, total_tokens = 0.0, 0
-    for chosen in bucketed_batches([len(x) for x in src], [len(y) for y in tgt], max_tokens, seed=0, epoch=0):
-        batch = make_batch([src[i] for i in chosen], [tgt[i] for i in chosen]).to(device)
-        with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-            logits = model(batch.src, batch.tgt_in, batch.src_pad, batch.tgt_pad)
-        mean_nll = label_smoothed_loss(logits if autocast is None else logits.float(), batch.tgt_out, model.config.pad_id, 0.0)
-        total_nll += mean_nll.item() * batch.tgt_tokens
-        total_tokens += batch.tgt_tokens
+    batches = bucketed_batches([len(x) for x in src], [len(y) for y in tgt], max_tokens, seed=0, epoch=0)
+    with tqdm(total=len(src), desc=f"{progress}: dev perplexity", unit="sent", leave=False, dynamic_ncols=True,
+              disable=progress is None) as bar:
+        for chosen in batches:
+            batch = make_batch([src[i] for i in chosen], [tgt[i] for i in chosen]).to(device)
+            with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+                logits = model(batch.src, batch.tgt_in, batch.src_pad, batch.tgt_pad)
+            mean_nll = label_smoothed_loss(logits if autocast is None else logits.float(), batch.tgt_out, model.config.pad_id, 0.0)
+            total_nll += mean_nll.item() * batch.tgt_tokens
+            total_tokens += batch.tgt_tokens
+            bar.update(len(chosen))
     return math.exp(total_nll / total_tokens)
 
 
@@ -53,7 +60,29 @@ def bleu(hypotheses: list[str], references: list[str]) -> BleuScores:
 
 def dev_bleu(model, sp: spm.SentencePieceProcessor, src: list[list[int]], references: list[str], device: torch.device,
              beam: int = 4, alpha: float = 0.6, extra_len: int = 50, autocast: torch.dtype | None = None,
-             max_tokens: int = 2000) -> BleuScores:
-    """Beam-search the dev sources (max_tokens source tokens a batch), detokenise, score against the raw references."""
-    hyps = translate(model, src, device, max_tokens, beam, alpha, extra_len, autocast)
+             max_tokens: int = 2000, progress: str | None = None) -> BleuScores:
+    """Beam-search the dev sources (max_tokens source tokens a batch), detokenise, score against the raw references.
+
+    With `progress` (a label), a bar shows sentences translated, sentences/s and the time left."""
+    hyps: list[list[int]] = [[] for _ in src]
+    with tqdm(total=len(src), desc=f"{progress}: beam search", unit="sent", leave=False, dynamic_ncols=True,
+              disable=progress is None) as bar:
+        for chosen in translation_batches(src, max_tokens):
+            for i, hyp in zip(chosen, translate(model, [src[i] for i in chosen], device, max_tokens, beam, alpha, extra_len, autocast)):
+                hyps[i] = hyp
+            bar.update(len(chosen))
     return bleu(sp.decode(hyps), references)
+
+
+def translation_batches(src: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """The batches `translate` forms itself (by length, at most max_tokens source positions each), so that translating
+    them one at a time, to show progress, gives the same batches and hence the same hypotheses as one call."""
+    order = sorted(range(len(src)), key=lambda i: len(src[i]))
+    batches, start = [], 0
+    while start < len(order):
+        end = start + 1  # sorted by length: the last sentence taken is the longest
+        while end < len(order) and (end - start + 1) * len(src[order[end]]) <= max_tokens:
+            end += 1
+        batches.append(order[start:end])
+        start = end
+    return batches

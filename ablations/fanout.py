@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import shlex
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -25,11 +26,12 @@ from tqdm.auto import tqdm
 import torch
 
 from ablations import runs as R
-from ablations.__main__ import budget_from, parse_seeds, resolve_device
+from ablations.__main__ import budget_from, check_run_args, parse_seeds, resolve_device
 from ablations.__main__ import parser as runner_parser
 from ablations.budgets import select_rows
 from ablations.data import DataError, data_dir
 from ablations.grid import Grid, PreparedData, prepare_data, run_directory
+from ablations.stopping import Stopped, graceful_stops
 from model import SpecError
 
 NARROWED = ("--rows", "--seeds")  # the fan-out sets these itself, once per run
@@ -109,10 +111,14 @@ def run_local(jobs: list[Job], slots: list[str | None], log_dir: Path) -> dict[s
     codes: dict[str, int] = {}
     with ThreadPoolExecutor(max_workers=len(slots)) as pool, tqdm(total=len(jobs), desc="fan-out", unit="run") as bar:
         futures = {pool.submit(launch, job): job for job in jobs}
-        for future in futures:
-            job = futures[future]
-            codes[job.name] = future.result()
-            bar.update(1)
+        try:
+            for future in futures:
+                job = futures[future]
+                codes[job.name] = future.result()
+                bar.update(1)
+        except BaseException:  # a stop (Ctrl-C, SIGTERM): start nothing new; the runs under way end as they are told
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     return codes
 
 
@@ -158,14 +164,14 @@ def main(argv: list[str] | None = None) -> int:
         if own.workers is not None and own.workers < 1:
             raise ValueError(f"--workers {own.workers}: give at least 1")
         args, jobs = split(run_argv)
+        check_run_args(args)
         data = warm_cache(args)
         log_dir = Path(args.runs) / "logs" / args.budget
         # The jobs' device: a GPU on a SLURM node even when this login node has none.
         device = torch.device("cuda") if own.slurm and args.device != "cpu" else resolve_device(args.device)
-        if gpus:
-            codes = run_local(jobs, gpus, log_dir)
-        elif own.workers is not None:
-            codes = run_local(jobs, [None] * own.workers, log_dir)
+        if gpus or own.workers is not None:
+            with graceful_stops():
+                codes = run_local(jobs, gpus or [None] * own.workers, log_dir)
         else:
             try:
                 from ablations.slurm import submit  # submitit is an optional extra
@@ -179,6 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     except (DataError, SpecError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except R.StorageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Stopped as stop:  # Ctrl-C reaches the runs too (one terminal, one process group): each saves a checkpoint
+        print(f"{stop}; no new run is started, finished runs are kept; resume with: python -m ablations.fanout "
+              f"{shlex.join(argv if argv is not None else sys.argv[1:])}", file=sys.stderr)
+        return stop.exit_status
     print(text)
     return 0 if complete else 1
 

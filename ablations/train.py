@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-import os
 import sys
 import time
 from contextlib import nullcontext
@@ -27,9 +26,11 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ablations.batching import Batch, BatchStream
-from ablations.distributed import SINGLE, Ranks, shard, step_seed, sum_over_ranks, wrap
+from ablations import stopping
+from ablations.distributed import SINGLE, Ranks, first_signal, shard, step_seed, sum_over_ranks, wrap
 from ablations.evaluate import perplexity
-from ablations.runs import CHECKPOINT, METRICS, append_metrics, previous_checkpoint, truncate_metrics
+from ablations.runs import (CHECKPOINT, METRICS, append_metrics, previous_checkpoint, replace, set_aside, temporary,
+                            truncate_metrics, write_file)
 from model.objective import learning_rate
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.98), 1e-9
@@ -55,6 +56,7 @@ class TrainSettings:
     extra_len: int = 50  # maximum output length = source length + extra_len
     adam_betas: tuple[float, float] = ADAM_BETAS
     adam_eps: float = ADAM_EPS
+    lr_peak: float | None = None  # None: eq. (3)'s peak d_model^-0.5 * warmup^-0.5
 
     @property
     def micro_tokens(self) -> int:
@@ -86,8 +88,10 @@ class Diverged(RuntimeError):
 
 
 def make_optimizer(model: nn.Module, device: torch.device) -> torch.optim.Adam:
-    """Adam with the paper's betas and epsilon; the fused kernel on a GPU. The learning rate is set every step."""
-    return torch.optim.Adam(model.parameters(), lr=0.0, betas=ADAM_BETAS, eps=ADAM_EPS, fused=device.type == "cuda")
+    """Adam with the paper's betas and epsilon; the fused kernel on a GPU, the multi-tensor (foreach) one on CPU,
+    where torch's default is a loop over parameters. The learning rate is set every step."""
+    gpu = device.type == "cuda"
+    return torch.optim.Adam(model.parameters(), lr=0.0, betas=ADAM_BETAS, eps=ADAM_EPS, fused=gpu, foreach=not gpu)
 
 
 def train_step(model: Callable[..., Tensor], loss_fn: Callable[[Tensor, Tensor], Tensor], optimizer: torch.optim.Optimizer,
@@ -125,28 +129,27 @@ class CorruptCheckpoint(ValueError):
 CHECKSUM_HEADER = b"aiayn-checkpoint sha256="  # + 64 hex digits + newline, then the torch.save bytes
 
 
-def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState) -> None:
+def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
+                    run_id: str | None = None) -> None:
     """Everything needed to continue the run exactly, behind a SHA-256 of it; the latest checkpoint becomes the previous.
 
-    Written to a temporary file and renamed: a kill at any moment leaves the latest or the previous checkpoint whole.
+    `run_id` (the run's config hash) marks whose checkpoint it is. Written to a temporary file private to this
+    process and renamed: a kill at any moment leaves the latest or the previous checkpoint whole.
     """
     payload = {
         "model": model.state_dict(), "optimizer": optimizer.state_dict(), "state": asdict(state),
         "rng_cpu": torch.get_rng_state(),
         "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "run": run_id,
     }
     buffer = io.BytesIO()
     torch.save(payload, buffer)
-    body = buffer.getbuffer()
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(CHECKSUM_HEADER + hashlib.sha256(body).hexdigest().encode() + b"\n")
-        f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
+    body = buffer.getvalue()
+    tmp = temporary(path)
+    write_file(tmp, CHECKSUM_HEADER + hashlib.sha256(body).hexdigest().encode() + b"\n" + body, path)
     if path.is_file():
-        os.replace(path, previous_checkpoint(path))
-    os.replace(tmp, path)
+        replace(path, previous_checkpoint(path))
+    replace(tmp, path)
 
 
 def read_checkpoint(path: Path) -> dict:
@@ -158,10 +161,26 @@ def read_checkpoint(path: Path) -> dict:
     return torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
 
 
-def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> TrainState:
+class ForeignCheckpoint(ValueError):
+    """An intact checkpoint of another run: another config hash, or weights of other names or shapes."""
+
+
+def check_belongs(payload: dict, model: nn.Module, run_id: str | None) -> None:
+    """Raise ForeignCheckpoint unless the checkpoint is this run's, checked before anything is loaded from it."""
+    if run_id is not None and payload.get("run") not in (None, run_id):
+        raise ForeignCheckpoint(f"it belongs to run {payload.get('run')}, not {run_id}")
+    ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in payload["model"].items()}
+    if ours != theirs:
+        different = sorted(set(ours) ^ set(theirs)) or [k for k in ours if ours[k] != theirs[k]]
+        raise ForeignCheckpoint(f"its weights do not fit this model ({len(different)} differ, e.g. {different[0]})")
+
+
+def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, run_id: str | None = None) -> TrainState:
     """Restore model, optimizer and RNG states in place; returns the progress. A damaged file raises
-    CorruptCheckpoint before anything is restored."""
+    CorruptCheckpoint, another run's ForeignCheckpoint, before anything is restored."""
     payload = read_checkpoint(path)
+    check_belongs(payload, model, run_id)
     model.load_state_dict(payload["model"])
     optimizer.load_state_dict(payload["optimizer"])
     torch.set_rng_state(payload["rng_cpu"])
@@ -170,17 +189,25 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     return TrainState(**payload["state"])
 
 
-def resume(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, label: str = "") -> TrainState:
-    """Load the latest intact checkpoint of a run (the latest, else the previous), saying which; a fresh state if none."""
+def resume(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, label: str = "",
+           run_id: str | None = None) -> TrainState:
+    """Load the latest intact checkpoint of this run (the latest, else the previous), saying which; a fresh state if none.
+
+    Another run's checkpoint is set aside (renamed to checkpoint.pt.foreign, not deleted) with a notice.
+    """
     label = label or run_dir.name
     latest = run_dir / CHECKPOINT
     for path in (latest, previous_checkpoint(latest)):
         if not path.is_file():
             continue
         try:
-            state = load_checkpoint(path, model, optimizer)
+            state = load_checkpoint(path, model, optimizer, run_id)
         except CorruptCheckpoint as exc:
             print(f"{label}: {exc}; trying the previous checkpoint", file=sys.stderr)
+            continue
+        except ForeignCheckpoint as exc:
+            aside = set_aside(path, "foreign")
+            print(f"{label}: {path} is not this run's checkpoint ({exc}); set aside as {aside.name}", file=sys.stderr)
             continue
         print(f"{label}: resuming from {path.name} at step {state.step}", file=sys.stderr)
         return state
@@ -191,14 +218,15 @@ def resume(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, la
 
 def train(model: nn.Module, settings: TrainSettings, stream: BatchStream, dev: tuple[list[list[int]], list[list[int]]],
           run_dir: Path, device: torch.device, label: str = "", on_step: Callable[[int], None] | None = None,
-          ranks: Ranks = SINGLE) -> TrainState:
-    """Train until settings.steps, resuming from run_dir's checkpoint if there is one; raises Diverged.
+          ranks: Ranks = SINGLE, run_id: str | None = None) -> TrainState:
+    """Train until settings.steps, resuming from run_dir's checkpoint if there is one; raises Diverged, or Stopped
+    after a stop signal (the step it arrived in is finished and checkpointed first).
 
     Data-parallel (ranks.parallel), every rank resumes from the same checkpoint, reads the same stream and
     trains on its share of each step's micro-batches; rank 0 alone logs, evaluates and checkpoints.
     """
     optimizer = make_optimizer(model, device)
-    state = resume(run_dir, model, optimizer, label)
+    state = resume(run_dir, model, optimizer, label, run_id)
     if ranks.main:
         truncate_metrics(run_dir / METRICS, state.step)
     stream.seek(state.epoch, state.index)
@@ -207,37 +235,45 @@ def train(model: nn.Module, settings: TrainSettings, stream: BatchStream, dev: t
     vocab = model.config.vocab_size
     bar = tqdm(total=settings.steps, initial=state.step, desc=label, unit="step", leave=False, dynamic_ncols=True,
                disable=not ranks.main)
-    window_tokens, window_s = 0, 0.0
-    model.train()
-    while state.step < settings.steps:
-        started = time.perf_counter()
-        micro = [stream.next() for _ in range(settings.accumulation)]
-        if ranks.parallel:  # each rank its own dropout masks, the same ones again after a resume
-            torch.manual_seed(step_seed(stream.seed, state.step, ranks.rank))
-        lr = learning_rate(state.step + 1, model.config.d_model, settings.warmup)
-        loss = train_step(forward, model.loss, optimizer, [b.to(device) for b in shard(micro, ranks)], lr,
-                          settings.autocast, sum(b.tgt_tokens for b in micro), ranks)
-        elapsed = time.perf_counter() - started
-        tokens = sum(b.src_tokens + b.tgt_tokens for b in micro)
-        state.step, state.tokens_seen, state.wall_s = state.step + 1, state.tokens_seen + tokens, state.wall_s + elapsed
-        state.epoch, state.index = stream.epoch, stream.index
-        window_tokens, window_s = window_tokens + tokens, window_s + elapsed
-        diverged = not math.isfinite(loss) or loss > DIVERGED_LOSS * math.log(vocab)
-        if ranks.main and (diverged or state.step % settings.log_every == 0 or state.step == settings.steps):
-            record = {"step": state.step, "loss": loss, "lr": lr, "tokens_per_s": window_tokens / window_s, "time_s": state.wall_s}
-            if not diverged and (state.step % settings.eval_every == 0 or state.step == settings.steps):
-                record["dev_ppl"] = perplexity(model, *dev, device, settings.micro_tokens, settings.autocast)
-                model.train()
-            append_metrics(run_dir / METRICS, record)
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{window_tokens / window_s:,.0f}")
-            window_tokens, window_s = 0, 0.0
-        if diverged:
-            bar.close()
-            raise Diverged(state.step, loss)
-        if ranks.main and (state.step % settings.checkpoint_every == 0 or state.step == settings.steps):
-            save_checkpoint(run_dir / CHECKPOINT, model, optimizer, state)
-        bar.update(1)
-        if on_step is not None:
-            on_step(state.step)
-    bar.close()
+    try:  # the bar is closed however the loop ends (divergence, a stop, a full disk)
+        window_tokens, window_s = 0, 0.0
+        model.train()
+        while state.step < settings.steps:
+            with stopping.step():  # a stop signal lets the step finish: a checkpoint of it continues the run exactly
+                started = time.perf_counter()
+                micro = [stream.next() for _ in range(settings.accumulation)]
+                if ranks.parallel:  # each rank its own dropout masks, the same ones again after a resume
+                    torch.manual_seed(step_seed(stream.seed, state.step, ranks.rank))
+                lr = learning_rate(state.step + 1, model.config.d_model, settings.warmup, settings.lr_peak)
+                loss = train_step(forward, model.loss, optimizer, [b.to(device) for b in shard(micro, ranks)], lr,
+                                  settings.autocast, sum(b.tgt_tokens for b in micro), ranks)
+                elapsed = time.perf_counter() - started
+                tokens = sum(b.src_tokens + b.tgt_tokens for b in micro)
+                state.step, state.tokens_seen, state.wall_s = state.step + 1, state.tokens_seen + tokens, state.wall_s + elapsed
+                state.epoch, state.index = stream.epoch, stream.index
+                window_tokens, window_s = window_tokens + tokens, window_s + elapsed
+                diverged = not math.isfinite(loss) or loss > DIVERGED_LOSS * math.log(vocab)
+                if ranks.main and (diverged or state.step % settings.log_every == 0 or state.step == settings.steps):
+                    record = {"step": state.step, "loss": loss, "lr": lr, "tokens_per_s": window_tokens / window_s, "time_s": state.wall_s}
+                    if not diverged and (state.step % settings.eval_every == 0 or state.step == settings.steps):
+                        record["dev_ppl"] = perplexity(model, *dev, device, settings.micro_tokens, settings.autocast, progress=label)
+                        model.train()
+                    append_metrics(run_dir / METRICS, record)
+                    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{window_tokens / window_s:,.0f}")
+                    window_tokens, window_s = 0, 0.0
+                if diverged:
+                    raise Diverged(state.step, loss)
+                saved = state.step % settings.checkpoint_every == 0 or state.step == settings.steps
+                if ranks.main and saved:
+                    save_checkpoint(run_dir / CHECKPOINT, model, optimizer, state, run_id)
+            signum = first_signal(stopping.requested(), ranks, device)  # every rank stops after the same step
+            if signum:
+                if ranks.main and not saved:
+                    save_checkpoint(run_dir / CHECKPOINT, model, optimizer, state, run_id)
+                raise stopping.Stopped(signum, f"{label} at step {state.step}, checkpoint saved")
+            bar.update(1)
+            if on_step is not None:
+                on_step(state.step)
+    finally:
+        bar.close()
     return state

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ablations.runs import read_metrics, results_table
+from ablations.runs import final_problem, read_json, read_metrics, results_table, warn
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "reports" / "results"
@@ -60,7 +60,8 @@ def budget_folders(results_dir: Path) -> list[Path]:
     """Budget folders under `results_dir` that hold at least one ended run (a final.json)."""
     if not results_dir.is_dir():
         raise MissingInput(f"no ablation results folder {shown_path(results_dir)}; produce it with `{ABLATIONS_COMMAND.format(budget='smoke')}`")
-    folders = [p for p in sorted(results_dir.iterdir()) if p.is_dir() and next(p.rglob("final.json"), None)]
+    folders = [p for p in sorted(results_dir.iterdir())
+               if p.is_dir() and any(final_problem(f, identity=True) is None for f in p.rglob("final.json"))]
     if not folders:
         raise MissingInput(f"no finished ablation runs under {shown_path(results_dir)}; produce them with `{ABLATIONS_COMMAND.format(budget='smoke')}`")
     return folders
@@ -74,7 +75,7 @@ def _numbers(column: pd.Series) -> pd.Series:
 def load_budget(folder: Path) -> BudgetResults:
     """All runs of one budget folder: finished, diverged and failed ones (with NaN metrics), the newest per (row, seed);
     the older ones are named in `superseded` so that the header can say so."""
-    runs = results_table(folder)  # the runner's own reader: one line per final.json, config fields as columns
+    runs = results_table(folder)  # the runner's own reader: one line per readable final.json (damaged ones: a warning)
     for column in ("dev_ppl", "bleu", "params", "steps", "tokens_seen", "tokens_per_s", "wall_s"):
         runs[column] = _numbers(runs[column]) if column in runs else math.nan
     runs = runs.sort_values("date", kind="stable") if "date" in runs else runs
@@ -86,7 +87,10 @@ def load_budget(folder: Path) -> BudgetResults:
     for config_path in sorted(folder.rglob("config.json")):
         if config_path.parent.name in superseded:
             continue
-        config = json.loads(config_path.read_text())
+        config = read_json(config_path)
+        if config is None or not isinstance(config.get("row"), str) or "seed" not in config:
+            warn(f"skipping {config_path}: not a run's config.json (damaged or foreign)")
+            continue
         if config.get("row") == "base" and not train:
             train, data = dict(config.get("train") or {}), dict(config.get("data") or {})
         metrics = config_path.with_name("metrics.jsonl")

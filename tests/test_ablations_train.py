@@ -161,7 +161,7 @@ def test_a_finished_run_is_never_run_again_or_overwritten(tiny_data):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["run", "--model", "nonsense"], "error: unknown model 'nonsense'; registered: reference, torch-nn, mutant"),
+    (["run", "--model", "nonsense"], "error: unknown model 'nonsense'; registered: reference, torch-nn"),
     (["run", "--rows", "base,Z9"], "error: unknown row 'Z9'; valid rows: all, base, A1"),
     (["run", "--rows", "base", "--data", "/nowhere/at/all"], "error: data folder /nowhere/at/all not found"),
     (["run", "--seeds", "one"], "error: --seeds 'one': give seed numbers"),
