@@ -11,8 +11,8 @@ from invariants.behaviour import (
     gradients_reach_all, padding_invariance,
 )
 from invariants.causal import cached_decoding, causal_future_probs, causal_future_tokens, causal_jacobian
-from invariants.engine import Property, Result
-from invariants.objective import loss_eps_zero_is_nll, loss_pad_normalisation, loss_smoothed_minimum, lr_schedule
+from invariants.engine import NotApplicable, Property, Result
+from invariants.objective import loss_eps_zero_is_nll, loss_pad_normalisation, loss_smoothed_minimum
 from invariants.params import params_base, params_table3, params_tied_embeddings
 from invariants.permutation import permutation_cross_attention, permutation_encoder, permutation_positive_control
 from invariants.positional import pe_exact_values, pe_relative_linearity
@@ -20,4 +20,4 @@ from invariants.softmax import fully_padded_rows, padding_probs_zero, softmax_ro
 from invariants.subject import Subject
 from invariants.suite import PROPERTIES, run_suite
 
-__all__ = ["PROPERTIES", "Property", "Result", "Subject", "run_suite", *(p.name for p in PROPERTIES)]
+__all__ = ["PROPERTIES", "NotApplicable", "Property", "Result", "Subject", "run_suite", *(p.name for p in PROPERTIES)]

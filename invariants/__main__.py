@@ -1,7 +1,8 @@
 """`python -m invariants --model SPEC`: check the paper's invariants on a model and write its report.
 
-Exit status: 0 when no property fails, 1 when one does, 2 for a bad spec or option (one line on stderr).
-`--kill-matrix` runs every mutant instead and writes reports/invariants/kill_matrix.{json,md}.
+Exit status: 0 when no property fails or errs, 1 when one does (with --strict also when one is not applicable),
+2 for a bad spec or option (one line on stderr). `--kill-matrix` runs every mutant instead and writes
+<out>/kill_matrix.{json,md}; a mutant counts as caught only when a property fails on it (an error is no catch).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import warnings
 from pathlib import Path
 
 from invariants import killmatrix, profiles, report
-from invariants.engine import FAIL
+from invariants.engine import ERROR, FAIL, NOT_APPLICABLE
 from invariants.mutants import MUTANTS
 from invariants.suite import PROPERTIES, run_suite, select
 from model.registry import SpecError, default_spec
@@ -50,6 +51,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mutant-overrides", default=MUTANT_OVERRIDES,
                    help=f"config overrides for the mutants in --kill-matrix (default: {MUTANT_OVERRIDES}; '' for base)")
     p.add_argument("--fresh", action="store_true", help="with --kill-matrix: recompute mutant reports already on disk")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 also when a property is not applicable (a missing capability hides what it would check)")
     p.add_argument("--list", action="store_true", help="list the properties and mutants, then exit")
     return p
 
@@ -90,18 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     print(report.summary_table(results))
     doc = report.document(spec, results, profile_name, command, seconds)
     json_path, md_path = report.write(doc, args.out)
-    failed = [r for r in results if r.verdict == FAIL]
+    failed = [r for r in results if r.verdict in (FAIL, ERROR)]
     for r in failed:
-        print(f"\nFAIL {r.name}: {r.reason}\n  replay: {r.reproduce}")
-    counts = doc["verdicts"]
-    print(f"\n{spec}: {counts['pass']} pass, {counts['fail']} fail, {counts['not_applicable']} not applicable "
-          f"in {seconds:.0f} s (profile {profile_name}); report {md_path} and {json_path}")
-    return 1 if failed else 0
+        print(f"\n{report.MARK[r.verdict]} {r.name}: {r.reason}\n  replay: {r.reproduce}")
+    print("\n" + report.summary_line(spec, results, seconds, profile_name) + f"; report {md_path} and {json_path}")
+    skipped = [r for r in results if r.verdict == NOT_APPLICABLE]
+    return 1 if failed or (args.strict and skipped) else 0
 
 
 def kill_matrix(args: argparse.Namespace, settings, profile_name: str, command: str) -> int:
     docs = killmatrix.run_mutants(args.out, settings, profile_name, args.mutant_overrides, args.fresh, command)
-    kill = killmatrix.matrix(docs, command)
+    kill = killmatrix.matrix(docs, command, args.mutant_overrides)
     json_path, md_path = killmatrix.write(kill, args.out)
     missed = [m for m, caught in kill["caught"].items() if not caught]
     print(f"{len(kill['mutants']) - len(missed)} of {len(kill['mutants'])} mutants caught; {md_path} and {json_path}")

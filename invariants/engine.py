@@ -21,11 +21,16 @@ from invariants import profiles
 from invariants.subject import Factory, Subject
 from invariants.tolerances import Tolerance
 
-PASS, FAIL, NOT_APPLICABLE = "pass", "fail", "not_applicable"
+PASS, FAIL, NOT_APPLICABLE, ERROR = "pass", "fail", "not_applicable", "error"
+VERDICTS = (PASS, FAIL, NOT_APPLICABLE, ERROR)
 
 
 class Violation(AssertionError):
     """A case whose measured error breaks the tolerance."""
+
+
+class NotApplicable(Exception):
+    """Raised by a check that finds, while running, that it has nothing to judge on this model (say why)."""
 
 
 @dataclass
@@ -35,7 +40,7 @@ class Result:
     name: str
     group: str
     description: str
-    verdict: str  # pass | fail | not_applicable
+    verdict: str  # pass | fail | not_applicable | error (the check raised: neither a pass nor a finding)
     worst_error: float | None  # the largest error measured (the smallest, for an at_least bound)
     tolerance: float
     bound: str  # at_most | at_least
@@ -113,6 +118,8 @@ def run(prop: Property, subject: Subject, settings: hypothesis.settings | None =
         result.examples += 1
         if result.worst_error is None or _worse(error, result.worst_error, tol):
             result.worst_error, worst_note[0] = error, note
+        elif note and not worst_note[0] and error == result.worst_error:
+            worst_note[0] = note  # an equally bad case that has something to say
         if tol.violated(error):
             raise Violation(f"error {error:.3g} breaks the tolerance ({tol.bound} {tol.value:g}) on {case!r}")
 
@@ -135,8 +142,12 @@ def run(prop: Property, subject: Subject, settings: hypothesis.settings | None =
             if replay is not None:
                 test = hypothesis.reproduce_failure(*replay)(test)
             test()
-    except Exception as exc:  # a violation, or the model raised: both are failures of this model
-        result.verdict = FAIL
+    except NotApplicable as exc:
+        result.verdict, result.reason = NOT_APPLICABLE, str(exc)
+        result.seconds = time.perf_counter() - start
+        return result
+    except Exception as exc:  # a violation fails; anything else raised is an error, never counted as a finding
+        result.verdict = FAIL if isinstance(exc, Violation) else ERROR
         hypothesis_notes = [n.strip() for n in getattr(exc, "__notes__", [])]
         blob = next((n.split("adding ", 1)[1].split(" as a decorator")[0]
                      for n in hypothesis_notes if "@reproduce_failure" in n), "")

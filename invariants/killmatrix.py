@@ -15,11 +15,11 @@ from tabulate import tabulate
 from tqdm import tqdm
 
 from invariants import report
-from invariants.engine import FAIL, NOT_APPLICABLE
+from invariants.engine import ERROR, FAIL, NOT_APPLICABLE
 from invariants.mutants import MUTANTS
 from invariants.suite import PROPERTIES, run_suite
 
-CELL = {FAIL: "x", NOT_APPLICABLE: "-", "pass": "."}
+CELL = {FAIL: "x", NOT_APPLICABLE: "-", "pass": ".", ERROR: "E"}
 
 
 def mutant_spec(name: str, overrides: str) -> str:
@@ -46,7 +46,7 @@ def run_mutants(out: Path, settings: hypothesis.settings, profile: str, override
     return docs
 
 
-def matrix(docs: list[dict[str, Any]], command: str) -> dict[str, Any]:
+def matrix(docs: list[dict[str, Any]], command: str, overrides: str = "") -> dict[str, Any]:
     names = [doc["model"].split(":", 1)[1].split(",")[0] for doc in docs]
     verdicts = {name: {p["name"]: p["verdict"] for p in doc["properties"]} for name, doc in zip(names, docs)}
     return {
@@ -56,6 +56,7 @@ def matrix(docs: list[dict[str, Any]], command: str) -> dict[str, Any]:
         "caught": {name: any(v == FAIL for v in verdicts[name].values()) for name in names},
         "from_issue": {name: MUTANTS[name].from_issue for name in names},
         "specs": {name: doc["model"] for name, doc in zip(names, docs)},
+        "config": overrides,
         "command": command,
         "commit": report.commit(),
     }
@@ -65,13 +66,15 @@ def markdown(kill: dict[str, Any]) -> str:
     props = kill["properties"]
     rows = [[f"`{m}`" + ("" if kill["from_issue"][m] else " *"), *(CELL[kill["verdicts"][m][p]] for p in props),
              "yes" if kill["caught"][m] else "**NO**"] for m in kill["mutants"]]
+    where = f"config {kill['config']}" if kill.get("config") else "the base config (the paper's 65M model)"
     killed_by = {p: sum(kill["verdicts"][m][p] == FAIL for m in kill["mutants"]) for p in props}
     lines = [
         "# Kill matrix: mutants x invariants",
         "",
-        f"{sum(kill['caught'].values())} of {len(kill['mutants'])} mutants caught. x = the property fails on the mutant "
-        "(kills it); . = passes; - = not applicable. * = beyond the issue's thirteen, added so that every property "
-        "but the harness's own learning-rate schedule is seen to fail at least once.",
+        f"{sum(kill['caught'].values())} of {len(kill['mutants'])} mutants caught, at {where}. "
+        "x = the property fails on the mutant (kills it); . = passes; - = not applicable; E = the check raised "
+        "(an error, which catches nothing). * = beyond the thirteen bugs known from real code: near misses of each "
+        "property, so that every property is seen to fail on a plausible bug.",
         "",
         f"Regenerate: `{kill['command']}` (commit {kill['commit']}).",
         "",

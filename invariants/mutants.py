@@ -1,9 +1,11 @@
-"""Deliberately broken models: the reference Transformer with one bug each, swapped in through a `Parts` seam.
+"""Deliberately broken models: the reference Transformer with one bug each, swapped in through a `Parts` seam
+or a small subclass that overrides one step.
 
 Each is a model spec, `mutant:NAME`, so `nox -s invariants -- --model mutant:no_causal_mask` shows a check
-failing. The first thirteen are the issue's list of bugs that have happened in real code; the rest make
-sure every property of the suite is seen to fail at least once. `caught_by` names the properties that
-must flag the mutant (tests/test_mutants.py asserts it; the kill matrix in reports/invariants shows all).
+failing. The first thirteen are bugs that have happened in real code; the rest are near misses, plausible
+bugs a person writes that a property must catch (not the property's exact negation), at least one per
+property. `caught_by` names the properties that must fail on the mutant (tests/test_mutants.py asserts it;
+the kill matrices in reports/invariants, at a small and at the base config, show all).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from torch import Tensor, nn
 
 from model.attention import explicit_attention
 from model.config import TransformerConfig
-from model.layers import sinusoidal_table
+from model.layers import PositionalEncoding, sinusoidal_table
 from model.objective import label_smoothed_loss
 from model.transformer import Parts, Transformer, causal_mask
 
@@ -47,6 +49,21 @@ def unscaled_attention(q, k, v, allowed, need_weights):
     if need_weights:
         return explicit_attention(q * math.sqrt(q.size(-1)), k, v, allowed)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0), None
+
+
+def attention_over_d_k(q, k, v, allowed, need_weights):
+    """Q K^T / d_k: the square root forgotten, on both paths."""
+    if need_weights:
+        return explicit_attention(q / math.sqrt(q.size(-1)), k, v, allowed)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0 / q.size(-1)), None
+
+
+def attention_over_sqrt_d_model(q, k, v, allowed, need_weights):
+    """Q K^T / sqrt(d_model) (= sqrt(h * d_k)): the model width where the head width belongs, on both paths."""
+    d_model = q.size(1) * q.size(-1)
+    if need_weights:
+        return explicit_attention(q * math.sqrt(q.size(-1) / d_model), k, v, allowed)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0 / math.sqrt(d_model)), None
 
 
 def causal_everywhere(q, k, v, allowed, need_weights):
@@ -102,6 +119,13 @@ def pe_positions_from_one(positions: int, d_model: int) -> Tensor:
     return sinusoidal_table(positions + 1, d_model)[1:]
 
 
+def pe_sin_only(positions: int, d_model: int) -> Tensor:
+    """sin in the odd columns too, where cos belongs (a copy-paste slip): no longer a linear function of the offset."""
+    table = sinusoidal_table(positions, d_model)
+    table[:, 1::2] = table[:, 0::2]
+    return table
+
+
 def pe_position_zero(positions: int, d_model: int) -> Tensor:
     """Every position gets PE(0): position ids left at zero."""
     return sinusoidal_table(1, d_model).expand(positions, d_model).clone()
@@ -137,6 +161,50 @@ class DetachingDropout(nn.Dropout):
         return x.data * keep / (1 - self.p)
 
 
+# -- near misses that override one step of the reference ---------------------------------------------
+class OffsetlessEncoding(PositionalEncoding):
+    """Positions counted from 0 in every call: cached decoding encodes each new chunk as if it started the sequence."""
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        return super().forward(x, 0)
+
+
+class CacheIgnoresOffset(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        self.pe = OffsetlessEncoding(cfg, parts.position_table)
+
+
+class CrossAttentionUnmasked(Transformer):
+    """The source padding mask reaches the encoder but not cross-attention (memory_key_padding_mask forgotten)."""
+
+    def decode(self, tgt, memory, src_pad, tgt_pad, cache=None):
+        return super().decode(tgt, memory, torch.zeros_like(src_pad), tgt_pad, cache)
+
+
+class GeneratorUntied(Transformer):
+    """Source and target embeddings shared, but the pre-softmax linear a matrix of its own (the tie forgotten)."""
+
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        self.generator = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        nn.init.xavier_uniform_(self.generator.weight)
+
+
+class EncoderEmbeddingUnscaled(Transformer):
+    """embed() multiplies by sqrt(d_model), the encoder looks its tokens up without it."""
+
+    def encode(self, src, src_pad):
+        return super().encode(src if src.is_floating_point() else self.src_embed(src), src_pad)
+
+
+class DecoderEmbeddingUnscaled(Transformer):
+    """embed() multiplies by sqrt(d_model), decode(ids) looks its tokens up without it."""
+
+    def decode(self, tgt, memory, src_pad, tgt_pad, cache=None):
+        return super().decode(tgt if tgt.is_floating_point() else self.tgt_embed(tgt), memory, src_pad, tgt_pad, cache)
+
+
 # -- loss -------------------------------------------------------------------------------------------
 def loss_over_all_tokens(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
     """Summed over non-pad tokens but divided by every token, padding included."""
@@ -163,11 +231,12 @@ class Mutant:
     bug: str
     parts: dict[str, Any]
     caught_by: tuple[str, ...]
-    from_issue: bool = True  # one of the issue's thirteen
+    from_issue: bool = True  # one of the thirteen bugs known from real code
+    model: type[Transformer] = Transformer  # a subclass that overrides one step, for bugs no Parts seam reaches
 
 
-def _extra(bug: str, parts: dict[str, Any], caught_by: tuple[str, ...]) -> Mutant:
-    return Mutant(bug, parts, caught_by, from_issue=False)
+def _extra(bug: str, parts: dict[str, Any], caught_by: tuple[str, ...], model: type[Transformer] = Transformer) -> Mutant:
+    return Mutant(bug, parts, caught_by, from_issue=False, model=model)
 
 
 MUTANTS: dict[str, Mutant] = {
@@ -181,9 +250,9 @@ MUTANTS: dict[str, Mutant] = {
     "no_attention_scaling": Mutant("attention logits not divided by sqrt(d_k)", {"attend": unscaled_attention},
                                    ("attention_scaling",)),
     "pe_concatenated": Mutant("positional encoding with sin and cos concatenated, not interleaved",
-                              {"position_table": pe_concatenated}, ("pe_relative_linearity", "pe_exact_values")),
+                              {"position_table": pe_concatenated}, ("pe_exact_values",)),
     "pe_wrong_exponent": Mutant("positional encoding with d_model/2 - 1 in the exponent",
-                                {"position_table": pe_wrong_exponent}, ("pe_relative_linearity", "pe_exact_values")),
+                                {"position_table": pe_wrong_exponent}, ("pe_exact_values",)),
     "pe_positions_from_one": Mutant("positional encoding counting positions from 1",
                                     {"position_table": pe_positions_from_one}, ("pe_exact_values",)),
     "padding_mask_ignored": Mutant("padding mask ignored: every key visible", {"key_mask": padding_ignored},
@@ -204,12 +273,29 @@ MUTANTS: dict[str, Mutant] = {
                                 {"attend": mask_with_neg_inf}, ("fully_padded_rows",)),
     "fast_path_ignores_mask": _extra("fused attention path called without the mask",
                                      {"attend": fast_path_ignores_mask}, ("fast_equals_explicit", "padding_invariance")),
-    "dropout_never": _extra("dropout never applied, also in training", {"dropout": lambda p: nn.Identity()},
-                            ("dropout_active",)),
+    "dropout_never": _extra("dropout called as F.dropout(x, p, training=False): never applied, also in training",
+                            {"dropout": lambda p: nn.Identity()}, ("dropout_active",)),
     "dropout_detaches": _extra("hand-written dropout on x.data cuts the gradient", {"dropout": DetachingDropout},
                                ("gradients_reach_all",)),
     "no_embedding_scale": _extra("embeddings not multiplied by sqrt(d_model)", {"embed_scale": lambda d: 1.0},
                                  ("embedding_scaling",)),
+    # Near misses: plausible slips, each a little off what its property demands.
+    "attention_over_d_k": _extra("attention logits divided by d_k instead of sqrt(d_k)", {"attend": attention_over_d_k},
+                                 ("attention_scaling",)),
+    "attention_over_sqrt_d_model": _extra("attention logits divided by sqrt(d_model) instead of sqrt(d_k)",
+                                          {"attend": attention_over_sqrt_d_model}, ("attention_scaling",)),
+    "pe_sin_only": _extra("positional encoding with sin in the cos columns too", {"position_table": pe_sin_only},
+                          ("pe_relative_linearity", "pe_exact_values")),
+    "cache_ignores_offset": _extra("cached decoding adds the positions of 0.. to every new chunk", {},
+                                   ("cached_decoding",), CacheIgnoresOffset),
+    "cross_attention_unmasked": _extra("source padding masked in the encoder but not in cross-attention", {},
+                                       ("padding_probs_zero", "padding_invariance"), CrossAttentionUnmasked),
+    "generator_untied": _extra("source and target embeddings tied, the pre-softmax linear not", {},
+                               ("params_tied_embeddings", "params_base"), GeneratorUntied),
+    "encoder_embedding_unscaled": _extra("sqrt(d_model) applied in embed() but not on the encoder's path", {},
+                                         ("embedding_scaling",), EncoderEmbeddingUnscaled),
+    "decoder_embedding_unscaled": _extra("sqrt(d_model) applied in embed() but not when decode() gets ids", {},
+                                         ("embedding_scaling",), DecoderEmbeddingUnscaled),
     "loss_log_of_softmax": _extra("loss from log(softmax(x)): infinite at large logits",
                                   {"loss": loss_log_of_softmax}, ("loss_eps_zero_is_nll",)),
     "loss_ignores_eps": _extra("label smoothing eps never reaches the loss", {"loss": loss_ignores_eps},
@@ -222,4 +308,5 @@ def build(config: TransformerConfig, name: str | None) -> Transformer:
     if name not in MUTANTS:
         what = f"unknown mutant {name!r}" if name else "mutant needs a name (mutant:NAME)"
         raise ValueError(f"{what}; valid mutants: {', '.join(MUTANTS)}")
-    return Transformer(config, Parts(**MUTANTS[name].parts))
+    mutant = MUTANTS[name]
+    return mutant.model(config, Parts(**mutant.parts))

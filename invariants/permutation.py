@@ -48,14 +48,14 @@ def pinned(subject: Subject) -> list[Case]:
 
 @invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=pinned, cases=without_pe_cases, needs=("positional_switch",))
 def permutation_encoder(subject: Subject, case: Case) -> float:
-    """With positional encoding off, permuting the source tokens permutes the encoder outputs the same way."""
+    """With positional encoding off, permuting the source tokens permutes the encoder outputs the same way (paper, sections 3.2 and 3.5)."""
     with subject.model(case.config).positional_encoding(False):
         return encoder_deviation(subject, case)
 
 
 @invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=pinned, cases=without_pe_cases, needs=("positional_switch",))
 def permutation_cross_attention(subject: Subject, case: Case) -> float:
-    """With positional encoding off, permuting the source leaves the decoder's logits unchanged."""
+    """With positional encoding off, permuting the source leaves the decoder's logits unchanged (paper, sections 3.2.3 and 3.5)."""
     model, batch = subject.model(case.config), case.make_batch(subject, distinct=True)
     _, other = permuted(case, batch)
     model.eval()
@@ -67,5 +67,5 @@ def permutation_cross_attention(subject: Subject, case: Case) -> float:
            cases=lambda s: batch_cases(s, train=False, capture=False, padded=False, min_src=2),
            needs=("positional_table",))
 def permutation_positive_control(subject: Subject, case: Case) -> float:
-    """With positional encoding on, permuting the source breaks encoder equivariance measurably."""
+    """With positional encoding on, permuting the source breaks encoder equivariance measurably (paper, section 3.5: PE injects order)."""
     return encoder_deviation(subject, case)

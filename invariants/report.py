@@ -13,9 +13,9 @@ import hypothesis
 import torch
 from tabulate import tabulate
 
-from invariants.engine import FAIL, NOT_APPLICABLE, PASS, Result
+from invariants.engine import ERROR, FAIL, NOT_APPLICABLE, PASS, VERDICTS, Result
 
-MARK = {PASS: "pass", FAIL: "FAIL", NOT_APPLICABLE: "n/a"}
+MARK = {PASS: "pass", FAIL: "FAIL", NOT_APPLICABLE: "n/a", ERROR: "ERROR"}
 
 
 def slug(spec: str) -> str:
@@ -52,6 +52,20 @@ def summary_table(results: list[Result], fmt: str = "simple") -> str:
                     disable_numparse=True)
 
 
+def counts_text(counts: dict[str, int]) -> str:
+    """'24 pass, 1 fail, 2 not applicable' (errors only when there are some)."""
+    text = f"{counts[PASS]} pass, {counts[FAIL]} fail, {counts[NOT_APPLICABLE]} not applicable"
+    return text + (f", {counts[ERROR]} error" if counts.get(ERROR) else "")
+
+
+def summary_line(spec: str, results: list[Result], seconds: float, profile: str) -> str:
+    """The run in one line: the counts, then what was not applicable and why (so a skip is never silent)."""
+    counts = {v: sum(r.verdict == v for r in results) for v in VERDICTS}
+    skipped = "; ".join(f"{r.name} ({r.reason})" for r in results if r.verdict == NOT_APPLICABLE)
+    return (f"{spec}: {counts_text(counts)} in {seconds:.0f} s (profile {profile})"
+            + (f"; not applicable: {skipped}" if skipped else ""))
+
+
 def document(spec: str, results: list[Result], profile: str, command: str, seconds: float) -> dict[str, Any]:
     return {
         "model": spec,
@@ -62,7 +76,7 @@ def document(spec: str, results: list[Result], profile: str, command: str, secon
         "profile": profile,
         "command": command,
         "seconds": round(seconds, 1),
-        "verdicts": {v: sum(r.verdict == v for r in results) for v in (PASS, FAIL, NOT_APPLICABLE)},
+        "verdicts": {v: sum(r.verdict == v for r in results) for v in VERDICTS},
         "properties": [r.to_dict() for r in results],
     }
 
@@ -74,7 +88,7 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [
         f"# Invariants: `{doc['model']}`",
         "",
-        f"{doc['verdicts'][PASS]} pass, {doc['verdicts'][FAIL]} fail, {doc['verdicts'][NOT_APPLICABLE]} not applicable "
+        f"{counts_text(doc['verdicts'])} "
         f"({doc['seconds']} s; hypothesis profile `{doc['profile']}`; torch {doc['torch']}; commit {doc['commit']}; {doc['date']}).",
         "",
         f"Regenerate: `{doc['command']}`",

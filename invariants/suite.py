@@ -18,7 +18,6 @@ PROPERTIES: list[Property] = [
     behaviour.fast_equals_explicit, behaviour.attention_scaling, behaviour.embedding_scaling,
     behaviour.gradients_reach_all,
     objective.loss_eps_zero_is_nll, objective.loss_smoothed_minimum, objective.loss_pad_normalisation,
-    objective.lr_schedule,
 ]
 BY_NAME = {p.name: p for p in PROPERTIES}
 

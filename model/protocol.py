@@ -36,13 +36,14 @@ class Seq2SeqModel(Protocol):
         """Logits (B, T, vocab) for teacher-forced target tgt."""
 
     def encode(self, src: Tensor, src_pad: Tensor) -> Tensor:
-        """Encoder output, the memory (B, S, d_model)."""
+        """Encoder output, the memory (B, S, d_model). src is ids (B, S) or source embeddings already scaled by
+        sqrt(d_model) (B, S, d_model, float), which enter the layers as ids' embeddings would (positions added)."""
 
     def decode(
         self, tgt: Tensor, memory: Tensor, src_pad: Tensor, tgt_pad: Tensor, cache: KVCache | None = None
     ) -> Tensor:
-        """Logits (B, T, vocab). tgt is ids (B, T) or already embedded tokens (B, T, d_model) (see embed);
-        with a cache, tgt holds only the new positions and the cache holds the earlier ones."""
+        """Logits (B, T, vocab). tgt is ids (B, T) or already embedded tokens (B, T, d_model) as embed returns them
+        (positions added here); with a cache, tgt holds only the new positions and the cache the earlier ones."""
 
     def embed(self, ids: Tensor) -> Tensor:
         """Token embeddings as the model feeds them to its layers before positions are added (B, T, d_model)."""

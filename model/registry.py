@@ -4,6 +4,8 @@
   reference:big             a preset (base, big)
   reference:base,h=4,N=2    config overrides as key=value
   torch-nn                  torch.nn.Transformer behind the protocol
+  hf-marian, hf-bart        HuggingFace MarianMT / BART, random init at the config (pip install .[hf])
+  hf:PATH                   a HuggingFace model saved with save_pretrained (overrides: random init of its family)
   mutant:no_causal_mask     a deliberately broken reference model (see invariants/mutants.py)
   path/to/file.py:factory   your adapter: factory(config) -> model satisfying model.protocol.Seq2SeqModel
   package.module:factory    the same, importable
@@ -23,12 +25,20 @@ from model.protocol import Seq2SeqModel, missing_members
 ENV_VAR = "AIAYN_MODEL"
 DEFAULT_SPEC = "reference"
 
-# name -> (import path of the builder, whether the part after ':' is a preset, what it is)
+# name -> (import path of the builder, whether the part after ':' is a preset, what it is). A preset builder gets
+# the preset's config with the overrides; the others get the base config with the overrides and the name after ':',
+# except those in BY_PATH, which get the name (a path) and the raw overrides (the saved model has its own config).
 BUILTIN: dict[str, tuple[str, bool, str]] = {
     "reference": ("model.adapters.reference:build", True, "the reference Transformer; presets base, big"),
     "torch-nn": ("model.adapters.torch_nn:build", True, "torch.nn.Transformer with the paper's embeddings and PE"),
+    "hf-marian": ("model.adapters.hf:build_marian", True, "HuggingFace MarianMT, random init at the config"),
+    "hf-bart": ("model.adapters.hf:build_bart", True, "HuggingFace BART, random init at the config"),
+    "hf": ("model.adapters.hf:build_pretrained", False, "a HuggingFace model saved with save_pretrained: hf:PATH"),
     "mutant": ("invariants.mutants:build", False, "a reference model with one known bug: mutant:NAME"),
 }
+BY_PATH = {"hf"}
+OPTIONAL = {"transformers": "hf"}  # a module some builtins need -> the extra that installs it
+_FILES: dict[Path, object] = {}  # adapter files already imported, by resolved path: each is executed once
 
 
 class SpecError(ValueError):
@@ -66,16 +76,22 @@ def _import(target: str, attr: str, spec: Spec) -> Callable:
         path = Path(target)
         if not path.is_file():
             raise SpecError(f"model spec {spec.text!r}: no file {path}")
-        module_spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(module_spec)
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as exc:
-            raise SpecError(f"model spec {spec.text!r}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
+        module = _FILES.get(path.resolve())
+        if module is None:
+            module_spec = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(module_spec)
+            try:
+                module_spec.loader.exec_module(module)
+            except Exception as exc:
+                raise SpecError(f"model spec {spec.text!r}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
+            _FILES[path.resolve()] = module
     else:
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
+            if exc.name in OPTIONAL:
+                raise SpecError(f"model spec {spec.text!r} needs {exc.name}, which is not installed: "
+                                f"pip install .[{OPTIONAL[exc.name]}]") from None
             names = ", ".join(BUILTIN)
             raise SpecError(f"model spec {spec.text!r}: {target!r} is neither a registered model ({names}) nor an importable module ({exc})") from exc
     if not hasattr(module, attr):
@@ -96,6 +112,8 @@ def load_model(text: str | None = None) -> Seq2SeqModel:
         try:
             if takes_preset:
                 model = builder(preset(spec.variant or "base").replace(**changes))
+            elif spec.target in BY_PATH:
+                model = builder(spec.variant, changes)
             else:
                 model = builder(preset("base").replace(**changes), spec.variant)
         except (ValueError, KeyError) as exc:

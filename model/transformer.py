@@ -56,6 +56,8 @@ class Parts:
 class Transformer(nn.Module):
     """Encoder-decoder with one embedding matrix shared by source, target and the pre-softmax linear."""
 
+    beams_share_memory = True  # decode takes the memory once per sentence for several decoder rows (beam search)
+
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__()
         self.config, self.parts = cfg, parts
@@ -87,7 +89,9 @@ class Transformer(nn.Module):
         return self.tgt_embed(ids) * self.parts.embed_scale(self.config.d_model)
 
     def encode(self, src: Tensor, src_pad: Tensor) -> Tensor:
-        x = self.dropout(self.pe(self.src_embed(src) * self.parts.embed_scale(self.config.d_model)))
+        """src is ids (B, S) or source embeddings already scaled (B, S, d_model), as decode takes tgt."""
+        x = src if src.is_floating_point() else self.src_embed(src) * self.parts.embed_scale(self.config.d_model)
+        x = self.dropout(self.pe(x))
         allowed = self.parts.key_mask(src_pad)
         for layer in self.encoder:
             x = layer(x, allowed)

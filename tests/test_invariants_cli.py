@@ -1,5 +1,6 @@
 """`python -m invariants`: reports on disk, the terminal table, exit status, and one-line errors."""
 import json
+import re
 import subprocess
 import sys
 
@@ -13,16 +14,16 @@ SMALL = "N=1,d_model=16,h=2,d_k=8,d_v=8,d_ff=32,vocab_size=50"
 
 def test_a_failing_model_exits_1_and_its_report_names_the_failure_and_its_replay(tmp_path, capsys):
     spec = f"mutant:no_causal_mask,{SMALL}"
-    status = main(["--model", spec, "--only", "causal_future_tokens,lr_schedule", "--out", str(tmp_path)])
+    status = main(["--model", spec, "--only", "causal_future_tokens,loss_pad_normalisation", "--out", str(tmp_path)])
     assert status == 1
     doc = json.loads((tmp_path / f"mutant-no_causal_mask-{SMALL.replace(',', '-').replace('=', '-')}.json").read_text())
     assert doc["model"] == spec and doc["torch"] and doc["commit"] and doc["date"]
-    (leak, schedule) = doc["properties"]
-    assert (leak["name"], leak["verdict"], schedule["verdict"]) == ("causal_future_tokens", "fail", "pass")
+    (leak, loss) = doc["properties"]
+    assert (leak["name"], leak["verdict"], loss["verdict"]) == ("causal_future_tokens", "fail", "pass")
     assert leak["worst_error"] > leak["tolerance"] == 0.0 and leak["examples"] >= 1
     assert "--only causal_future_tokens" in leak["reproduce"]
     md = next(tmp_path.glob("*.md")).read_text()
-    assert "| 1   | `causal_future_tokens` | FAIL" in md and "replay:" in md
+    assert re.search(r"\| 1 +\| `causal_future_tokens` +\| FAIL", md) and "replay:" in md
     out = capsys.readouterr().out
     assert "causal_future_tokens" in out and "FAIL" in out and "1 pass, 1 fail" in out
 
@@ -31,10 +32,18 @@ def test_a_passing_model_exits_0(tmp_path):
     assert main(["--model", f"reference,{SMALL}", "--only", "pe_exact_values,params_tied_embeddings", "--out", str(tmp_path)]) == 0
 
 
+def test_strict_makes_not_applicable_exit_1_and_the_summary_line_says_why(tmp_path, capsys):
+    args = ["--model", f"reference,{SMALL},P_drop=0.0", "--only", "dropout_active,params_tied_embeddings", "--out", str(tmp_path)]
+    assert main(args) == 0
+    assert "1 not applicable" in capsys.readouterr().out
+    assert main([*args, "--strict"]) == 1
+    assert "not applicable: dropout_active (config P_drop=0.0: there is no dropout to observe)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("args, message", [
     (["--model", "nope"], "unknown model 'nope'"),
     (["--only", "no_such_property"], "unknown property no_such_property; valid: causal_future_tokens"),
-    (["--replay", "garbage", "--only", "lr_schedule"], "is not a line @reproduce_failure"),
+    (["--replay", "garbage", "--only", "params_base"], "is not a line @reproduce_failure"),
     (["--seed", "3", "--profile", "ci"], "--seed has no effect under the derandomized profile ci"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):

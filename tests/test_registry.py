@@ -95,3 +95,14 @@ def test_readme_worked_example_loads_and_runs(tmp_path):
     pad_s, pad_t = torch.zeros(2, 5, dtype=torch.bool), torch.zeros(2, 4, dtype=torch.bool)
     assert model(src, tgt, pad_s, pad_t).shape == (2, 4, 40)
     assert set(model.unsupported) == {"kv_cache", "attention_probs"}
+
+
+def test_an_adapter_file_is_imported_once_however_many_models_it_builds(tmp_path):
+    log = tmp_path / "imports.log"
+    path = tmp_path / "counted.py"
+    path.write_text(f"from model import Transformer\nwith open({str(log)!r}, 'a') as f:\n    f.write('imported\\n')\n"
+                    "def make(config):\n    return Transformer(config)\n")
+    with torch.device("meta"):
+        for n in (1, 2, 3):
+            load_model(f"{path}:make,{SMALL},N={n}")
+    assert log.read_text().splitlines() == ["imported"]

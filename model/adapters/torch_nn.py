@@ -43,7 +43,7 @@ class TorchTransformer(nn.Module):
         return self.embedding(ids) * embedding_scale(self.config.d_model)
 
     def encode(self, src: Tensor, src_pad: Tensor) -> Tensor:
-        x = self.dropout(self.pe(self.embed(src)))
+        x = self.dropout(self.pe(src if src.is_floating_point() else self.embed(src)))
         return self.core.encoder(x, src_key_padding_mask=src_pad)
 
     def decode(
