@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import re
 import shlex
 import shutil
@@ -16,6 +17,7 @@ from ablations.data import ENV_VAR, PRESETS, DataError, data_dir
 from ablations.distributed import check_accumulation, from_environment, main_first, setup, teardown
 from ablations.grid import REPO_ROOT, Grid, prepare_data, run_grid, spec_for
 from ablations.stopping import Stopped, graceful_stops
+from ablations.train import read_checkpoint
 from model import SpecError, count_parameters, load_model
 from model.config import field_names
 from model.registry import BUILTIN, default_spec, parse_spec
@@ -198,10 +200,29 @@ def cmd_publish(args: argparse.Namespace) -> int:
         for name in R.PUBLISHED:
             if (final.parent / name).is_file():  # a run that failed before training has no metrics
                 shutil.copyfile(final.parent / name, dest / name)
+        publish_attention_inputs(final.parent, dest, target, Path(args.runs) / "cache")
     table = R.results_table(target / "runs")
     R.write_atomic(target / "results.csv", table.to_csv(index=False))
     print(f"{len(finals)} runs -> {target}/results.csv and {target}/runs/")
     return 0
+
+
+def publish_attention_inputs(run: Path, dest: Path, target: Path, cache: Path) -> None:
+    """For base's runs, the weights (no optimizer state) as model.pt and the shared BPE model beside the results:
+    what `python -m reports` needs to draw the attention maps (reports/attention.py) from the published folder alone."""
+    config = R.read_json(run / R.CONFIG)
+    if not isinstance(config, dict) or config.get("row") != "base" or not (run / R.CHECKPOINT).is_file():
+        return
+    R.put_bytes(dest / "model.pt", _state_dict_bytes(read_checkpoint(run / R.CHECKPOINT)["model"]))
+    bpe = cache / f"bpe-{config['config']['vocab_size']}-{config['data']['bpe']}.model"
+    if bpe.is_file():
+        shutil.copyfile(bpe, target / bpe.name)
+
+
+def _state_dict_bytes(state: dict) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -228,7 +249,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train and score a grid of rows (resumes, skips finished runs)")
     run.register("action", "once", Once)
-    run.add_argument("--budget", default="smoke", choices=list(BUDGETS), action="once", help="smoke (scaled, CPU), short (one GPU), paper")
+    run.add_argument("--budget", default="smoke", choices=list(BUDGETS), action="once", help="smoke (CI), cpu (scaled, 2-core CPU), short (one GPU), paper")
     run.add_argument("--rows", default="all", action="once", help="all, or names and groups: base,A,C3 (default all)")
     run.add_argument("--preset", choices=list(PRESETS), action="once", help="data preset (default: the budget's)")
     run.add_argument("--seeds", default="1", action="once", help="seed numbers: 1 or 1,2,3 or 1-3 (default 1)")
