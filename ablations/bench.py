@@ -1,8 +1,14 @@
-"""`nox -s bench`: training-step throughput and beam-search speed of the base model, measured side by side.
+"""`nox -s bench`: the training step and beam search of the reference beside real peers, at the base size and at the
+CPU budget's scaled size (d_model, d_ff, d_k, d_v / 8), in one run with interleaved repetitions.
 
-Every variant trains on the same newstest2013 batches (the `news` preset's BPE, the paper's 37000-token
-vocabulary in the model): the reference model on torch's fused attention, the reference on the explicit
-attention path, and the torch.nn.Transformer adapter. bf16 autocast and torch.compile on a GPU, fp32 on CPU.
+Training: the reference; the reference with each of its speed choices undone (the fused attention kernel everywhere,
+torch's cross-entropy, Adam's per-parameter loop, torch's default thread count, and all of them at once), which
+gives each choice's before/after ratio in the same run; the torch.nn.Transformer adapter; HF MarianMT at the same
+dims (pip install .[bench]). Every variant takes the same batches; a repetition runs one step of every variant in
+turn and medians are reported, so a change in the machine's load hits every variant alike. A GEMM calibration in
+each repetition turns a step's model FLOP rate into a fraction of what this machine's matrix multiply does.
+Decoding: beam 4 over the same sources, every system forced to the same output length: the reference, the reference
+with cross-attention keys and values copied per beam (as before), HF `generate`, CTranslate2 fp32.
 Writes reports/bench.md and reports/bench.json.
 """
 from __future__ import annotations
@@ -10,158 +16,272 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
+import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ablations import peers
 from ablations.batching import Batch, BatchStream
-from ablations.budgets import budget
+from ablations.bpe import EOS, PAD
+from ablations.budgets import SCALED_FIELDS, budget
 from ablations.data import data_dir
-from ablations.decoding import translate
-from ablations.grid import REPO_ROOT, describe_device, git_commit, peak_flops, prepare_data
-from ablations.train import make_optimizer, train_step
+from ablations.decoding import beam_search
+from ablations.grid import REPO_ROOT, git_commit, prepare_data
+from ablations.throughput import choose_threads, gemm_flops, throughput
+from ablations.train import ADAM_BETAS, ADAM_EPS, make_optimizer, train_step
 from model import Parts, Transformer, TransformerConfig, count_parameters, load_model
 from model.attention import explicit_attention
 from model.config import parse_overrides
-from model.objective import learning_rate
-from model.params import training_flops
 
-PAPER_STEPS, PAPER_BATCH_TOKENS = 100_000, 25_000  # the base run: 100K steps of ~25000 target tokens
+SCALE = 8  # the CPU budget's sizes
 
 
-def explicit_attend(q, k, v, allowed, need_weights):
-    """The reference attention forced onto the explicit (probability-returning) path."""
-    return explicit_attention(q, k, v, allowed)
+def fused_attention(q, k, v, allowed, need_weights):
+    """The attention as it was: torch's fused kernel whenever no probabilities are wanted, whatever the shape."""
+    if need_weights:
+        return explicit_attention(q, k, v, allowed)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed), None
 
 
-VARIANTS: dict[str, Callable[[TransformerConfig], torch.nn.Module]] = {
-    "reference (fused SDPA)": Transformer,
-    "reference (explicit attention)": lambda cfg: Transformer(cfg, Parts(attend=explicit_attend)),
-    "torch.nn.Transformer adapter": lambda cfg: load_model(",".join(["torch-nn", *(f"{k}={v}" for k, v in cfg.to_dict().items())])),
-}
+def torch_cross_entropy(logits, target, pad_id, eps):
+    """The loss as it was: F.cross_entropy with label_smoothing (the same value, more passes over the logits)."""
+    return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=pad_id, label_smoothing=eps)
 
 
-@dataclass
-class TrainResult:
-    variant: str
-    step_s: float  # median seconds per optimizer step
-    tgt_tokens_per_s: float
-    tokens_per_s: float  # source + target
-    mfu: float | None
-    paper_run_hours: float  # 100K steps of 25K target tokens at this rate
+@dataclass(frozen=True)
+class Variant:
+    """One system to train: how to build it, whether Adam runs its per-parameter loop, which thread count."""
+
+    name: str
+    build: Callable[[TransformerConfig], torch.nn.Module | None]
+    foreach: bool = True
+    default_threads: bool = False  # torch's default (every core) instead of choose_threads
+    sizes: tuple[str, ...] = ("base", "scaled")
 
 
-def bench_training(name: str, cfg: TransformerConfig, batches: list[Batch], device: torch.device, warmup: int) -> TrainResult:
-    torch.manual_seed(0)
-    model = VARIANTS[name](cfg).to(device).train()
-    forward = torch.compile(model) if device.type == "cuda" else model
-    autocast = torch.bfloat16 if device.type == "cuda" else None
-    optimizer = make_optimizer(model, device)
-    counts = count_parameters(model.parameter_groups())
-    times, flops = [], []
-    for i, batch in enumerate(tqdm(batches, desc=name, unit="step", leave=False)):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        train_step(forward, model.loss, optimizer, [batch], learning_rate(i + 1, cfg.d_model), autocast)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= warmup:  # the first steps compile kernels and warm caches
-            times.append(time.perf_counter() - start)
-            flops.append(training_flops(cfg, counts, batch.src_tokens, batch.tgt_tokens))
+UNDONE = "before: "
+VARIANTS = [
+    Variant("reference", Transformer),
+    Variant(UNDONE + "fused attention kernel everywhere", lambda c: Transformer(c, Parts(attend=fused_attention)), sizes=("scaled",)),
+    Variant(UNDONE + "torch cross_entropy loss", lambda c: Transformer(c, Parts(loss=torch_cross_entropy)), sizes=("scaled",)),
+    Variant(UNDONE + "Adam per-parameter loop", Transformer, foreach=False, sizes=("scaled",)),
+    Variant(UNDONE + "torch's default thread count", Transformer, default_threads=True),
+    Variant(UNDONE + "all of the above", lambda c: Transformer(c, Parts(attend=fused_attention, loss=torch_cross_entropy)),
+            foreach=False, default_threads=True),
+    Variant("torch.nn.Transformer adapter", lambda c: load_model(",".join(["torch-nn", *(f"{k}={v}" for k, v in c.to_dict().items())]))),
+    Variant("HF MarianMT, same dims", peers.hf_marian),
+]
+
+
+def scaled(cfg: TransformerConfig, vocab: int) -> TransformerConfig:
+    return cfg.replace(**{f: getattr(cfg, f) // SCALE for f in SCALED_FIELDS}, vocab_size=vocab)
+
+
+def alternate(items, repetition: int) -> list:
+    """Systems in order on even repetitions and reversed on odd ones, so that no system always follows the same one."""
+    items = list(items)
+    return items if repetition % 2 == 0 else items[::-1]
+
+
+def bench_training(size: str, cfg: TransformerConfig, batches: list[Batch], warmup: int, threads: int) -> tuple[list[dict], list[str]]:
+    """Interleaved training steps of every variant on the same batches; returns results and skipped-peer lines."""
+    systems, skipped, default_threads = {}, [], os.cpu_count() or 1
+    for v in (v for v in VARIANTS if size in v.sizes):
+        torch.manual_seed(0)
+        model = v.build(cfg)
+        if model is None:
+            skipped.append(f"{v.name}: {peers.MISSING}")
+            continue
+        model.train()
+        optimizer = (make_optimizer(model, torch.device("cpu")) if v.foreach else
+                     torch.optim.Adam(model.parameters(), lr=0.0, betas=ADAM_BETAS, eps=ADAM_EPS, foreach=False))
+        systems[v.name] = (model, optimizer, default_threads if v.default_threads else threads,
+                           count_parameters(model.parameter_groups()))
+    times: dict[str, list[float]] = {name: [] for name in systems}
+    gemm: dict[int, list[float]] = {}
+    for i, batch in enumerate(tqdm(batches, desc=f"train {size}", unit="rep", leave=False)):
+        for n in sorted({s[2] for s in systems.values()}):
+            torch.set_num_threads(n)
+            gemm.setdefault(n, []).append(gemm_flops(torch.device("cpu")))
+        for name, (model, optimizer, n, _) in alternate(systems.items(), i):
+            torch.set_num_threads(n)
+            start = time.perf_counter()
+            train_step(model, model.loss, optimizer, [batch], 1e-4)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    torch.set_num_threads(threads)
     timed = batches[warmup:]
-    total_s = sum(times)
-    tgt = sum(b.tgt_tokens for b in timed) / total_s
-    peak = peak_flops(device)
-    return TrainResult(name, statistics.median(times), tgt, sum(b.src_tokens + b.tgt_tokens for b in timed) / total_s,
-                       sum(flops) / total_s / peak if peak else None, PAPER_STEPS * PAPER_BATCH_TOKENS / tgt / 3600)
+    src, tgt = statistics.mean(b.src_tokens for b in timed), statistics.mean(b.tgt_tokens for b in timed)
+    results = []
+    for name, (_, _, n, counts) in systems.items():
+        step = statistics.median(times[name])
+        results.append({"size": size, "variant": name, "threads": n, "step_s": step, "gemm_flops_per_s": statistics.median(gemm[n]),
+                        **throughput(cfg, counts, src, tgt, step, statistics.median(gemm[n]))})
+    return results, skipped
 
 
-def bench_decoding(name: str, cfg: TransformerConfig, src: list[list[int]], device: torch.device) -> dict:
-    """Beam 4, alpha 0.6; untrained weights rarely emit EOS, so hypotheses run to source length + 50 (a worst case)."""
+def fixed_length_sources(src: list[list[int]], n: int, length: int) -> torch.Tensor:
+    """n dev sources of at least `length` tokens, cut to `length` (ending in EOS): no padding, one output length."""
+    rows = [s[: length - 1] + [EOS] for s in src if len(s) >= length][:n]
+    if len(rows) < n:
+        raise ValueError(f"only {len(rows)} dev sentences have {length} tokens; lower --decode-length or --decode-sentences")
+    return torch.tensor(rows)
+
+
+def bench_decoding(size: str, cfg: TransformerConfig, src: torch.Tensor, extra: int, reps: int, threads: int) -> tuple[list[dict], list[str]]:
+    """Beam 4 by every system on the same sources, each forced to src length + extra output tokens."""
     torch.manual_seed(0)
-    model = VARIANTS[name](cfg).to(device).eval()
-    autocast = torch.bfloat16 if device.type == "cuda" else None
-    start = time.perf_counter()
-    hyps = translate(model, src, device, autocast=autocast)
-    elapsed = time.perf_counter() - start
-    return {"variant": name, "sentences": len(src), "sentences_per_s": len(src) / elapsed,
-            "output_tokens_per_s": sum(map(len, hyps)) / elapsed}
+    reference = Transformer(cfg).eval()
+    copied = Transformer(cfg).eval()
+    copied.beams_share_memory = False  # the memory repeated per beam, its keys and values reordered every step
+    out_len = src.size(1) + extra
+    systems: dict[str, Callable[[], None]] = {
+        "reference": lambda: beam_search(reference, src, src.eq(PAD), beam=4, extra_len=extra),
+        UNDONE + "cross-attention keys/values per beam": lambda: beam_search(copied, src, src.eq(PAD), beam=4, extra_len=extra),
+    }
+    skipped = []
+    marian = peers.hf_marian(cfg)
+    if marian is None:
+        skipped += [f"HF generate: {peers.MISSING}", f"CTranslate2: {peers.MISSING}"]
+    else:
+        marian.eval()
+        generate = peers.hf_generate(marian)
+        systems["HF MarianMT generate, same dims"] = lambda: generate(src, 4, out_len)
+        ct2 = peers.ctranslate2_decoder(marian, threads)
+        if ct2 is None:
+            skipped.append(f"CTranslate2: {peers.MISSING}")
+        else:
+            systems["CTranslate2 fp32, same Marian model"] = lambda: ct2(src, 4, out_len)
+    times: dict[str, list[float]] = {name: [] for name in systems}
+    with torch.no_grad():
+        for i in tqdm(range(reps), desc=f"decode {size}", unit="rep", leave=False):
+            for name, run in alternate(systems.items(), i):
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+    tokens = src.size(0) * out_len
+    return [{"size": size, "system": name, "threads": threads, "sentences": src.size(0), "output_length": out_len,
+             "s": statistics.median(t), "output_tokens_per_s": tokens / statistics.median(t)} for name, t in times.items()], skipped
 
 
-def markdown(meta: dict, training: list[TrainResult], decoding: list[dict]) -> str:
-    ref = training[0]
+def machine() -> dict:
+    name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    return {"cpu": name, "cores": os.cpu_count(), "torch": torch.__version__, "commit": git_commit(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def markdown(meta: dict, training: list[dict], decoding: list[dict], skipped: list[str]) -> str:
+    rates = {(r["size"], r["threads"]): r["gemm_flops_per_s"] for r in training}
+    gemm = ", ".join(f"{rate / 1e9:.0f} GFLOP/s on {n} thread{'s' * (n > 1)} ({size})" for (size, n), rate in rates.items())
     lines = [
-        "# Benchmark: training step and beam search, base model",
-        "",
-        f"Measured by `nox -s bench{' -- ' + meta['args'] if meta['args'] else ''}` on {meta['device']}, torch {meta['torch']}, commit "
-        f"{meta['commit']}, {meta['date']}. Config {meta['config']}, "
-        f"{meta['precision']}; {meta['steps']} timed steps after {meta['warmup']} warm-up steps on the same "
-        f"{meta['preset']} dev batches of about {meta['batch_tokens']} source and target positions.",
-        "",
-        "| variant | s/step (median) | target tok/s | src+tgt tok/s | MFU | vs reference | paper base run (100K x 25K tok) |",
-        "|---|---|---|---|---|---|---|",
+        "# Benchmark: training step and beam search beside real peers, base and scaled (/8) sizes", "",
+        f"Measured by `nox -s bench{' -- ' + meta['args'] if meta['args'] else ''}` on {meta['cpu']} ({meta['cores']} cores), "
+        f"torch {meta['torch']}, commit {meta['commit']}, {meta['date']}. Load average (1 min) {meta['load_before']:.1f} at the "
+        f"start and {meta['load_after']:.1f} at the end on {meta['cores']} cores: other processes ran throughout, so every "
+        "figure is the median of repetitions interleaved across systems, which share the load alike.", "",
+        f"Training: {', '.join(f'{meta[k]} ({k[6:]})' for k in meta if k.startswith('steps_'))} timed steps after {meta['warmup']} warm-up step(s), the same {meta['preset']} dev "
+        f"batches of about {meta['batch_tokens']} source and target positions for every system, fp32; token ids from a "
+        f"{meta['vocab']}-token BPE (the scaled models' vocabulary; the base models keep the paper's 37000 entries). "
+        f"Threads: {meta['threads']} unless a row says otherwise (`--threads` or OMP_NUM_THREADS override). "
+        f"GEMM calibration (fp32 1024x512 @ 512x2048, median over the repetitions): {gemm}. The fraction of the GEMM "
+        "rate counts 6 FLOPs per weight per token (model.params.training_flops).", "",
+        "## Training step", "",
+        "| size | variant | threads | s/step | target tok/s | src+tgt tok/s | fraction of GEMM rate | vs reference |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    ref = {r["size"]: r for r in training if r["variant"] == "reference"}
     for r in training:
-        mfu = f"{r.mfu:.1%}" if r.mfu is not None else "n/a (CPU)"
-        lines.append(f"| {r.variant} | {r.step_s:.3f} | {r.tgt_tokens_per_s:,.0f} | {r.tokens_per_s:,.0f} | {mfu} | "
-                     f"{r.tgt_tokens_per_s / ref.tgt_tokens_per_s:.2f}x | {r.paper_run_hours:,.1f} h |")
-    lines += ["", "The paper: 12 hours for the base run on 8 P100 GPUs. MFU counts 6 FLOPs per weight per token "
-              "(attention scores left out) against the GPU's dense bf16 peak.", "",
-              "## Beam search (beam 4, alpha 0.6, batched)", "",
-              f"First {meta['decode_sentences']} sentences of the {meta['preset']} dev set, untrained weights: hypotheses rarely end "
-              "early, so outputs run to source length + 50 and these rates are a lower bound for a trained model.", "",
-              "| variant | sentences/s | output tok/s |", "|---|---|---|"]
+        lines.append(f"| {r['size']} | {r['variant']} | {r['threads']} | {r['step_s']:.3f} | {r['tgt_tokens_per_s']:,.0f} | "
+                     f"{r['tokens_per_s']:,.0f} | {r['gemm_fraction']:.0%} | {r['tgt_tokens_per_s'] / ref[r['size']]['tgt_tokens_per_s']:.2f}x |")
+    lines += ["", "## What each speed choice changed (same run)", "",
+              "Each row undoes one choice of the reference (or all of them) and reports the reference's speed-up over it.", "",
+              "| size | choice undone | before: target tok/s | reference: target tok/s | speed-up |", "|---|---|---|---|---|"]
+    for r in (r for r in training if r["variant"].startswith(UNDONE)):
+        after = ref[r["size"]]["tgt_tokens_per_s"]
+        lines.append(f"| {r['size']} | {r['variant'][len(UNDONE):]} | {r['tgt_tokens_per_s']:,.0f} | {after:,.0f} | "
+                     f"{after / r['tgt_tokens_per_s']:.2f}x |")
+    for d in (d for d in decoding if d["system"].startswith(UNDONE)):
+        after = next(x for x in decoding if x["size"] == d["size"] and x["system"] == "reference")["output_tokens_per_s"]
+        lines.append(f"| {d['size']} (beam search, output tok/s) | {d['system'][len(UNDONE):]} | {d['output_tokens_per_s']:,.0f} | "
+                     f"{after:,.0f} | {after / d['output_tokens_per_s']:.2f}x |")
+    counts = ", ".join(f"{d['sentences']} at {d['size']}" for d in decoding if d["system"] == "reference")
+    lines += ["", "## Beam search (beam 4, batched)", "",
+              f"The same dev sources for every system ({counts}), "
+              f"cut to {meta['decode_length']} tokens; every system is forced to "
+              f"{meta['decode_length'] + meta['extra']} output tokens per sentence (untrained weights; the reference stops at "
+              "source length + 50 and rarely ends earlier), the same thread count for all.", "",
+              "| size | system | threads | s (median) | output tok/s | vs reference |", "|---|---|---|---|---|---|"]
+    dref = {d["size"]: d for d in decoding if d["system"] == "reference"}
     for d in decoding:
-        lines.append(f"| {d['variant']} | {d['sentences_per_s']:.2f} | {d['output_tokens_per_s']:,.0f} |")
+        lines.append(f"| {d['size']} | {d['system']} | {d['threads']} | {d['s']:.2f} | {d['output_tokens_per_s']:,.0f} | "
+                     f"{d['output_tokens_per_s'] / dref[d['size']]['output_tokens_per_s']:.2f}x |")
+    if skipped:
+        lines += ["", *(f"- {line}" for line in skipped)]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ablations.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)")
-    parser.add_argument("--preset", default="news", help="data preset whose BPE and dev set give the batches (default news: newstest2013)")
+    parser.add_argument("--preset", default="multi30k", help="data preset whose dev set gives the batches (default multi30k)")
     parser.add_argument("--runs", default=str(REPO_ROOT / "runs"), help="where the BPE cache lives")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 20 on GPU, 3 on CPU)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed first steps (default 5 on GPU, 1 on CPU)")
-    parser.add_argument("--batch-tokens", type=int, default=None, help="positions per side per step (default 25000 GPU, 2000 CPU)")
-    parser.add_argument("--decode-sentences", type=int, default=None, help="sentences to beam-search (default 500 GPU, 8 CPU)")
-    parser.add_argument("--config", default="", help="overrides of the base config, e.g. N=2,d_model=256 (default: base)")
+    parser.add_argument("--sizes", default="base,scaled", help="base, scaled (every size / 8) or both (default)")
+    parser.add_argument("--config", default="", help="overrides of the base config, e.g. N=2 (the scaled size is derived from it)")
+    parser.add_argument("--vocab", type=int, default=8000, help="BPE size: the scaled models' vocabulary (default 8000)")
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: by model size and load)")
+    parser.add_argument("--steps", type=int, default=None, help="timed training steps (default 3 at base, 12 scaled)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed first steps (default 1)")
+    parser.add_argument("--batch-tokens", type=int, default=2000, help="positions per side per step (default 2000)")
+    parser.add_argument("--decode-sentences", type=int, default=None, help="sources to beam-search (default 8 at base, 32 scaled)")
+    parser.add_argument("--decode-length", type=int, default=20, help="tokens per source (default 20)")
+    parser.add_argument("--extra", type=int, default=50, help="output tokens beyond the source length (default 50)")
+    parser.add_argument("--decode-reps", type=int, default=3, help="interleaved decoding repetitions (default 3)")
     parser.add_argument("--out", default=str(REPO_ROOT / "reports" / "bench.md"))
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    gpu = device.type == "cuda"
-    steps = args.steps or (20 if gpu else 3)
-    warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
-    batch_tokens = args.batch_tokens or (25000 if gpu else 2000)
-    n_decode = args.decode_sentences or (500 if gpu else 8)
     try:
         pairs = dict(item.split("=", 1) for item in args.config.split(",") if item)
-        cfg = TransformerConfig().replace(**parse_overrides(pairs))  # base, with the paper's 37000-token vocabulary
-        data = prepare_data(budget("short"), args.preset, data_dir(args.data), Path(args.runs))
-    except ValueError as exc:  # DataError, or a bad --config
+        base = TransformerConfig().replace(**parse_overrides(pairs))
+        sizes = {"base": base, "scaled": scaled(base, args.vocab)}
+        chosen = [s.strip() for s in args.sizes.split(",") if s.strip()]
+        if not chosen or set(chosen) - set(sizes):
+            raise ValueError(f"--sizes {args.sizes!r}: choose from base, scaled")
+        b = budget("smoke").replace(vocab_size=args.vocab, max_train_pairs=None, dev_pairs=None)
+        data = prepare_data(b, args.preset, data_dir(args.data), Path(args.runs))
+        sources = {size: fixed_length_sources(data.dev_src, args.decode_sentences or (8 if size == "base" else 32), args.decode_length)
+                   for size in chosen}
+    except ValueError as exc:  # DataError, a bad --config or --sizes
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    stream = BatchStream(data.dev_src, data.dev_tgt, batch_tokens, seed=0)
-    batches = [stream.next().to(device) for _ in range(warmup + steps)]
-    training = [bench_training(name, cfg, batches, device, warmup) for name in VARIANTS]
-    decoding = [bench_decoding(name, cfg, data.dev_src[:n_decode], device) for name in ("reference (fused SDPA)", "torch.nn.Transformer adapter")]
-    meta = {"device": describe_device(device), "torch": torch.__version__, "commit": git_commit(),
-            "date": datetime.date.today().isoformat(), "precision": "bf16 autocast, torch.compile" if gpu else "fp32",
-            "config": "base (N=6, d_model=512, 37000-token vocabulary)" + (f" with {args.config}" if args.config else ""),
-            "preset": args.preset, "steps": steps, "warmup": warmup, "batch_tokens": batch_tokens, "decode_sentences": n_decode,
-            "args": " ".join(argv if argv is not None else sys.argv[1:])}
+    meta = {**machine(), "load_before": os.getloadavg()[0], "preset": args.preset, "vocab": args.vocab,
+            "batch_tokens": args.batch_tokens, "warmup": args.warmup, "decode_length": args.decode_length, "extra": args.extra, "args": " ".join(argv if argv is not None else sys.argv[1:])}
+    training, decoding, skipped, threads = [], [], [], {}
+    for size in chosen:
+        cfg = sizes[size]
+        threads[size] = choose_threads(cfg, args.threads)
+        torch.set_num_threads(threads[size])
+        steps = args.steps or (3 if size == "base" else 12)
+        stream = BatchStream(data.dev_src, data.dev_tgt, args.batch_tokens, seed=0)
+        rows, missing = bench_training(size, cfg, [stream.next() for _ in range(args.warmup + steps)], args.warmup, threads[size])
+        training += rows
+        rows, missing_decoders = bench_decoding(size, cfg, sources[size], args.extra, args.decode_reps, threads[size])
+        decoding += rows
+        skipped += [line for line in missing + missing_decoders if line not in skipped]
+        meta[f"steps_{size}"] = steps
+    meta.update(load_after=os.getloadavg()[0], threads=", ".join(f"{n} at {s}" for s, n in threads.items()))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(markdown(meta, training, decoding))
-    out.with_suffix(".json").write_text(json.dumps({**meta, "training": [r.__dict__ for r in training], "decoding": decoding}, indent=2) + "\n")
+    out.write_text(markdown(meta, training, decoding, skipped))
+    out.with_suffix(".json").write_text(json.dumps({**meta, "training": training, "decoding": decoding, "skipped": skipped}, indent=2) + "\n")
     print(out.read_text())
     return 0
 

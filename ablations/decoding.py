@@ -33,30 +33,29 @@ def beam_search(model, src: Tensor, src_pad: Tensor, beam: int = 4, alpha: float
     src_lens = (~src_pad).sum(1).tolist()
     limit = model.config.max_len - 1  # positions the decoder can take
     max_len = [min(n + extra_len, limit) for n in src_lens]
-    memory = model.encode(src, src_pad).repeat_interleave(K, dim=0)
-    mem_pad = src_pad.repeat_interleave(K, dim=0)
+    cache = model.new_cache() if use_cache else None
+    memory, mem_pad = model.encode(src, src_pad), src_pad
+    if cache is None or not getattr(model, "beams_share_memory", False):  # else one memory row serves a sentence's beams
+        memory, mem_pad = memory.repeat_interleave(K, dim=0), src_pad.repeat_interleave(K, dim=0)
     tokens = torch.full((B * K, 1), BOS, dtype=torch.long, device=device)
     scores = torch.full((B, K), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    cache = model.new_cache() if use_cache else None
+    first_row = torch.arange(B, device=device).unsqueeze(1) * K
+    alive_first = torch.arange(2 * K, device=device)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
     done = [False] * B
     for t in range(1, max(max_len) + 1):
         step_in = tokens[:, -1:] if cache is not None else tokens
         tgt_pad = torch.zeros_like(step_in, dtype=torch.bool)
-        logits = model.decode(step_in, memory, mem_pad, tgt_pad, cache)[:, -1]
-        logp = torch.log_softmax(logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits, dim=-1)
-        logp[:, PAD] = logp[:, BOS] = float("-inf")
-        V = logp.size(-1)
-        cand = (scores.view(B * K, 1) + logp).view(B, K * V)
-        top_scores, top_idx = cand.topk(2 * K, dim=1)  # at most K of these end in EOS (one per beam)
-        top_beam, top_tok = top_idx // V, top_idx % V
+        logits = model.decode(step_in, memory, mem_pad, tgt_pad, cache)[:, -1]  # (B*K, V)
+        logits = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+        top_scores, top_beam, top_tok = _best_continuations(logits, scores, K)
         is_eos = top_tok.eq(EOS)
         _collect_finished(finished, done, tokens, top_scores, top_beam, is_eos, K, t, alpha)
         # The K best continuations that do not end in EOS stay alive.
-        keep = (is_eos.long() * 2 * K + torch.arange(2 * K, device=device)).argsort(dim=1)[:, :K]
+        keep = (is_eos.long() * 2 * K + alive_first).argsort(dim=1)[:, :K]
         scores = top_scores.gather(1, keep)
-        rows = (top_beam.gather(1, keep) + torch.arange(B, device=device).unsqueeze(1) * K).view(-1)
+        rows = (top_beam.gather(1, keep) + first_row).view(-1)
         tokens = torch.cat([tokens.index_select(0, rows), top_tok.gather(1, keep).view(-1, 1)], dim=1)
         if cache is not None:
             cache.reorder(rows)
@@ -74,6 +73,22 @@ def beam_search(model, src: Tensor, src_pad: Tensor, beam: int = 4, alpha: float
         if all(done):
             break
     return [max(f, key=lambda item: item[0])[1] for f in finished]
+
+
+def _best_continuations(logits: Tensor, scores: Tensor, K: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The 2K best (score + log P(token)) over each sentence's K beams and the vocabulary, PAD and BOS excluded:
+    (scores, beam, token), each (B, 2K). At most K of them end in EOS (one per beam), so K others stay alive.
+
+    Only each beam's own 2K best tokens can be among its sentence's 2K best, so those are taken first and no
+    (B, K*V) table of scores is built.
+    """
+    B = scores.size(0)
+    logp = torch.log_softmax(logits, dim=-1)
+    logp[:, PAD] = logp[:, BOS] = float("-inf")
+    n = min(2 * K, logp.size(-1))
+    best, token = logp.topk(n, dim=-1)  # (B*K, n)
+    top_scores, index = (scores.view(-1, 1) + best).view(B, K * n).topk(2 * K, dim=1)
+    return top_scores, torch.div(index, n, rounding_mode="floor"), token.view(B, K * n).gather(1, index)
 
 
 def _collect_finished(finished, done, tokens, top_scores, top_beam, is_eos, K: int, t: int, alpha: float) -> None:

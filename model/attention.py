@@ -6,7 +6,6 @@ gets an all-zero probability row and a zero output, on both paths, and stays fin
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,18 +21,31 @@ Attend = Callable[[Tensor, Tensor, Tensor, Tensor, bool], "tuple[Tensor, Tensor 
 
 def explicit_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
     """softmax(Q K^T / sqrt(d_k)) V, spelled out so that the probabilities can be returned."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, T_q, T_k)
-    # finfo.min rather than -inf: a fully masked row becomes uniform (not NaN) and is then zeroed.
-    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1).masked_fill(~allowed, 0.0)
+    # Masked keys get the dtype's lowest value added, not -inf: their probability is exactly 0, and a row
+    # with no visible key becomes uniform (not NaN) and is zeroed below. The mask is small (it broadcasts),
+    # so the bias costs one add on the scores instead of two masked fills.
+    bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, torch.finfo(q.dtype).min)
+    scores = torch.matmul(q * q.size(-1) ** -0.5, k.transpose(-2, -1)).add_(bias)  # (B, h, T_q, T_k)
+    probs = torch.softmax(scores, dim=-1)
+    seen = allowed.any(-1, keepdim=True)
+    if not bool(seen.all()):
+        probs = probs * seen
     return probs @ v, probs
 
 
+def explicit_is_faster(q: Tensor, k: Tensor) -> bool:
+    """Whether the explicit path beats torch's fused kernel, forward and backward: on CPU at head sizes under 64
+    (1.5-1.7x at d_k = 8) or up to 64 keys (1.1-1.3x at d_k = 64, even at 60 keys); on a GPU never.
+    `python -m ablations.bench` shows the scaled model's step with the fused kernel everywhere beside it."""
+    return q.device.type == "cpu" and (q.size(-1) < 64 or k.size(-2) <= 64)
+
+
 def attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-    """The reference attention: torch's fused kernel, or the explicit path when probabilities are wanted."""
-    if need_weights:
-        return explicit_attention(q, k, v, allowed)
-    # SDPA returns zeros for fully masked rows, as the explicit path does.
+    """The reference attention: the explicit path when probabilities are wanted or where it is faster, else
+    torch's fused kernel (which also returns zeros for a query with no visible key)."""
+    if need_weights or explicit_is_faster(q, k):
+        out, probs = explicit_attention(q, k, v, allowed)
+        return out, probs if need_weights else None
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed), None
 
 
@@ -47,15 +59,56 @@ class AttentionRecord:
 
 
 class KVCache:
-    """Keys and values of earlier decoder steps (self-attention) and of the memory (cross-attention)."""
+    """Keys and values of earlier decoder steps (self-attention) and of the memory (cross-attention).
+
+    Self-attention entries live in buffers that double when full, so that a step writes only its new position
+    (no concatenation of the whole past); `kv` holds their filled part. Beam search may pass the memory once per
+    sentence for all of its beams: those cross-attention entries have fewer rows than the decoder, are shared by
+    the beams, and `reorder` leaves them as they are.
+    """
 
     def __init__(self) -> None:
         self.kv: dict[str, tuple[Tensor, Tensor]] = {}
         self.length = 0  # target positions already decoded
+        self._buffers: dict[str, tuple[Tensor, Tensor]] = {}  # self-attention storage that kv views
+        self._spare: dict[str, tuple[Tensor, Tensor]] = {}  # buffers of the same size that reorder copies into
+
+    def append(self, name: str, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add new self-attention positions (B, h, T, d) to entry `name`; returns every position so far."""
+        past = self.kv.get(name)
+        if k.requires_grad:  # decoding under autograd: buffers written in place would break the backward pass
+            self.kv[name] = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+            return self.kv[name]
+        filled = past[0].size(2) if past is not None else 0
+        needed = filled + k.size(2)
+        buffers = self._buffers.get(name)
+        if buffers is None or buffers[0].size(2) < needed:
+            buffers = tuple(x.new_empty(*x.shape[:2], max(2 * needed, 16), x.size(3)) for x in (k, v))
+            if past is not None:
+                for new, old in zip(buffers, past):
+                    new[:, :, :filled].copy_(old)
+            self._buffers[name] = buffers
+            self._spare.pop(name, None)
+        for buffer, x in zip(buffers, (k, v)):
+            buffer[:, :, filled:needed].copy_(x)
+        self.kv[name] = (buffers[0][:, :, :needed], buffers[1][:, :, :needed])
+        return self.kv[name]
 
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows `index` (beam search drops and duplicates hypotheses)."""
-        self.kv = {name: (k.index_select(0, index), v.index_select(0, index)) for name, (k, v) in self.kv.items()}
+        """Keep decoder rows `index` (beam search drops and duplicates hypotheses, within each sentence)."""
+        rows = next((k.size(0) for name, (k, _) in self.kv.items() if not name.startswith("cross")), None)
+        for name, (k, v) in list(self.kv.items()):
+            if name in self._buffers:
+                filled = k.size(2)
+                spare = self._spare.get(name)
+                if spare is None or spare[0].size(0) != index.numel():
+                    spare = tuple(b.new_empty(index.numel(), *b.shape[1:]) for b in self._buffers[name])
+                for old, new in zip((k, v), spare):
+                    torch.index_select(old, 0, index, out=new[:, :, :filled])
+                self._spare[name], self._buffers[name] = self._buffers[name], spare
+                self.kv[name] = (spare[0][:, :, :filled], spare[1][:, :, :filled])
+            elif rows is None or k.size(0) == rows:  # not a memory shared by each sentence's beams
+                self.kv[name] = (k.index_select(0, index), v.index_select(0, index))
 
 
 class MultiHeadAttention(nn.Module):
@@ -80,19 +133,28 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and self.kind == "cross" and name in cache.kv:
             return cache.kv[name]  # the memory does not change between decoding steps
         k, v = self._heads(self.w_k(source)), self._heads(self.w_v(source))
+        if cache is not None and self.kind == "decoder_self":
+            return cache.append(name, k, v)
         if cache is not None:
-            if self.kind == "decoder_self" and name in cache.kv:
-                past_k, past_v = cache.kv[name]
-                k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
             cache.kv[name] = (k, v)
         return k, v
 
     def forward(self, x: Tensor, source: Tensor, allowed: Tensor, cache: KVCache | None = None) -> Tensor:
-        """Queries from x (B, T_q, d_model), keys and values from source (B, T_k, d_model)."""
+        """Queries from x (B, T_q, d_model), keys and values from source (B, T_k, d_model).
+
+        Beam search may give source one row per sentence and x `beams` rows per sentence: each sentence's beams
+        then attend as beams * T_q queries of one row (B / beams, h, beams * T_q, T_k), so the keys and values
+        are computed, cached and read once per sentence, not once per beam.
+        """
         q = self._heads(self.w_q(x))
         k, v = self._keys_values(source, cache)
+        B, _, T, _ = q.shape
+        beams = B // k.size(0) if B % k.size(0) == 0 else 1
+        if beams > 1:
+            q = q.unflatten(0, (-1, beams)).transpose(1, 2).flatten(2, 3)
         out, probs = self.attend(q, k, v, allowed, self.records is not None)
         if self.records is not None:
             self.records.append(AttentionRecord(self.kind, self.layer, probs))
-        B, _, T, _ = out.shape
+        if beams > 1:
+            return self.w_o(out.unflatten(2, (beams, T)).permute(0, 2, 3, 1, 4).reshape(B, T, -1))
         return self.w_o(out.transpose(1, 2).reshape(B, T, -1))

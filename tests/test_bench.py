@@ -1,24 +1,48 @@
 """The benchmark runs end to end and writes its report (speed itself is measured by `nox -s bench`, not asserted)."""
 import json
 
+import pytest
+
 from ablations.bench import main
+from ablations.throughput import choose_threads
+from model import TransformerConfig
 from tests.cli_runs import needs_data
 
-TINY = "N=1,d_model=32,d_ff=64,h=2,d_k=16,d_v=16,vocab_size=8000"
+TINY = "N=1,d_model=32,d_ff=64,h=2,d_k=16,d_v=16,vocab_size=1000"
 
 
 @needs_data
 def test_bench_writes_markdown_and_json_for_every_variant(tmp_path):
     out = tmp_path / "bench.md"
-    code = main(["--steps", "1", "--warmup", "1", "--batch-tokens", "300", "--decode-sentences", "2",
+    code = main(["--steps", "1", "--warmup", "1", "--batch-tokens", "300", "--decode-sentences", "2", "--decode-length", "6",
+                 "--extra", "2", "--decode-reps", "1", "--sizes", "base", "--vocab", "1000", "--threads", "1",
                  "--config", TINY, "--preset", "multi30k", "--out", str(out), "--runs", str(tmp_path / "runs")])
     assert code == 0
     report = json.loads(out.with_suffix(".json").read_text())
-    assert [r["variant"] for r in report["training"]] == ["reference (fused SDPA)", "reference (explicit attention)", "torch.nn.Transformer adapter"]
-    assert all(r["tgt_tokens_per_s"] > 0 for r in report["training"])
-    assert "| reference (explicit attention) |" in out.read_text()
+    variants = [r["variant"] for r in report["training"]]
+    assert variants[0] == "reference" and "before: all of the above" in variants and "torch.nn.Transformer adapter" in variants
+    assert all(r["tgt_tokens_per_s"] > 0 and 0 < r["gemm_fraction"] for r in report["training"])
+    assert [d["system"] for d in report["decoding"]][:2] == ["reference", "before: cross-attention keys/values per beam"]
+    assert "## What each speed choice changed (same run)" in out.read_text()
 
 
 def test_bench_bad_config_is_one_line(tmp_path, capsys):
     assert main(["--config", "d_model=0", "--out", str(tmp_path / "b.md")]) == 2
     assert capsys.readouterr().err.startswith("error: config field d_model=0")
+
+
+def test_bench_unknown_size_is_one_line(tmp_path, capsys):
+    assert main(["--sizes", "huge", "--out", str(tmp_path / "b.md")]) == 2
+    assert "--sizes 'huge': choose from base, scaled" in capsys.readouterr().err
+
+
+def test_thread_count_is_the_request_else_omp_num_threads_else_one_for_small_models(monkeypatch):
+    small, base = TransformerConfig(d_model=64, d_ff=256, d_k=8, d_v=8), TransformerConfig()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert choose_threads(small) == 1
+    assert 1 <= choose_threads(base) <= __import__("os").cpu_count()
+    assert choose_threads(small, requested=3) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert choose_threads(small) == 2
+    with pytest.raises(ValueError, match="threads=0 must be at least 1"):
+        choose_threads(small, requested=0)

@@ -57,6 +57,15 @@ def test_cached_and_full_prefix_beam_search_give_the_same_hypotheses(model):
     assert all(len(h) <= int(n) + 6 for h, n in zip(cached, (~src_pad).sum(1)))
 
 
+def test_beams_sharing_one_memory_row_find_the_same_hypotheses_as_beams_with_copies(model):
+    src, src_pad = random_sources(3, 7, seed=4)
+    shared = beam_search(model, src, src_pad, beam=4, alpha=0.6, extra_len=6)
+    copies = Transformer(TINY).double().eval()
+    copies.load_state_dict(model.state_dict())
+    copies.beams_share_memory = False  # the memory repeated per beam, its keys and values reordered every step
+    assert shared == beam_search(copies, src, src_pad, beam=4, alpha=0.6, extra_len=6)
+
+
 def test_beam_of_one_is_greedy_decoding(model):
     src, src_pad = random_sources(3, 6, seed=2)
     assert beam_search(model, src, src_pad, beam=1, alpha=0.6, extra_len=5) == greedy(model, src, src_pad, 5)

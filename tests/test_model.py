@@ -1,9 +1,11 @@
 """The reference model: config validation, attention paths, incremental decoding."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 from model import TransformerConfig, Transformer
-from model.attention import attend, explicit_attention
+from model.attention import attend, explicit_attention, explicit_is_faster
+from model.objective import label_smoothed_loss
 from model.transformer import causal_mask, key_padding_allowed
 
 TINY = TransformerConfig(N=2, d_model=32, d_ff=64, h=4, d_k=8, d_v=12, vocab_size=50, max_len=64)
@@ -40,16 +42,51 @@ def test_projections_follow_d_k_and_d_v_not_d_model():
     assert attn.w_o.weight.shape == (32, 4 * 12)
 
 
-def test_fast_and_explicit_attention_paths_agree_with_padding_and_causal_masks():
+@pytest.mark.parametrize("d_k", [8, 64])
+def test_fused_and_explicit_attention_kernels_agree_with_padding_causal_and_empty_rows(d_k):
     # fp32, atol 1e-5: the outputs are O(1) averages of O(1) values, where float32 noise is ~1e-7.
     g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(2, 4, 6, 8, generator=g) for _ in range(3))
-    pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
+    q, k, v = (torch.randn(3, 4, 6, d_k, generator=g) for _ in range(3))
+    pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2, [True] * 6])  # the third row sees no key at all
     allowed = causal_mask(6, 6, 0) & key_padding_allowed(pad)
-    fast, _ = attend(q, k, v, allowed, need_weights=False)
+    fused = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
     explicit, probs = explicit_attention(q, k, v, allowed)
-    torch.testing.assert_close(fast, explicit, atol=1e-5, rtol=1e-5)
-    assert probs[~allowed.expand_as(probs)].eq(0).all()
+    chosen, none = attend(q, k, v, allowed, need_weights=False)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(chosen, explicit, atol=1e-5, rtol=1e-5)
+    assert none is None
+    assert probs[~allowed.expand_as(probs)].eq(0).all() and explicit[2].eq(0).all()
+
+
+def test_explicit_attention_on_a_row_without_keys_has_finite_zero_gradients():
+    q, k, v = (torch.randn(1, 2, 3, 8, requires_grad=True) for _ in range(3))
+    allowed = torch.tensor([True, True, False]).view(1, 1, 1, 3) & torch.tensor([True, True, False]).view(1, 1, 3, 1)
+    out, _ = explicit_attention(q, k, v, allowed)
+    out.sum().backward()
+    assert out[0, :, 2].eq(0).all() and q.grad[0, :, 2].eq(0).all()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_attention_kernel_is_chosen_by_shape_on_cpu():
+    small, wide = torch.zeros(1, 1, 1, 8), torch.zeros(1, 1, 1, 64)
+    assert explicit_is_faster(small, torch.zeros(1, 1, 500, 8))
+    assert explicit_is_faster(wide, torch.zeros(1, 1, 64, 64))
+    assert not explicit_is_faster(wide, torch.zeros(1, 1, 65, 64))
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_loss_and_its_gradient_equal_torch_label_smoothed_cross_entropy(eps):
+    # float64: the two sum in different orders and agree to ~1e-15.
+    g = torch.Generator().manual_seed(3)
+    logits = (4 * torch.randn(3, 5, 50, generator=g, dtype=torch.float64)).requires_grad_(True)
+    target = torch.randint(1, 50, (3, 5), generator=g)
+    target[1, 3:] = 0
+    ours = label_smoothed_loss(logits, target, 0, eps)
+    (ours_grad,) = torch.autograd.grad(ours, logits)
+    theirs = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=0, label_smoothing=eps)
+    (theirs_grad,) = torch.autograd.grad(theirs, logits)
+    torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(ours_grad, theirs_grad, atol=1e-12, rtol=1e-12)
 
 
 def test_model_gives_the_same_logits_whether_or_not_attention_probabilities_are_captured():
@@ -76,30 +113,52 @@ def test_fully_padded_source_gives_zero_attention_and_finite_gradients():
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-def test_incremental_decoding_step_by_step_equals_one_full_forward_pass():
+@pytest.mark.parametrize("grad", [True, False])
+def test_incremental_decoding_step_by_step_equals_one_full_forward_pass(grad):
     model = Transformer(TINY).double().eval()
     src, tgt, src_pad, _ = batch()
-    memory = model.encode(src, src_pad)
-    no_pad = torch.zeros_like(tgt, dtype=torch.bool)
-    full = model.decode(tgt, memory, src_pad, no_pad)
-    cache = model.new_cache()
-    steps = [model.decode(tgt[:, t : t + 1], memory, src_pad, no_pad[:, t : t + 1], cache) for t in range(tgt.size(1))]
+    with torch.set_grad_enabled(grad):  # with autograd the cache concatenates; without, it writes into its buffers
+        memory = model.encode(src, src_pad)
+        no_pad = torch.zeros_like(tgt, dtype=torch.bool)
+        full = model.decode(tgt, memory, src_pad, no_pad)
+        cache = model.new_cache()
+        steps = [model.decode(tgt[:, t : t + 1], memory, src_pad, no_pad[:, t : t + 1], cache) for t in range(tgt.size(1))]
     # float64: the two orders of summation agree to ~1e-15; 1e-10 leaves room for accumulation.
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-10, rtol=1e-10)
 
 
-def test_cache_reorder_follows_the_beam():
+@pytest.mark.parametrize("grad", [True, False])
+def test_cache_reorder_follows_the_beam(grad):
     model = Transformer(TINY).double().eval()
     src, tgt, src_pad, _ = batch()
-    memory = model.encode(src, src_pad)
-    no_pad = torch.zeros_like(tgt, dtype=torch.bool)
-    cache = model.new_cache()
-    model.decode(tgt[:, :2], memory, src_pad, no_pad[:, :2], cache)
-    order = torch.tensor([2, 2, 0])
-    cache.reorder(order)
-    step = model.decode(tgt[order, 2:3], memory[order], src_pad[order], no_pad[:, 2:3], cache)
-    full = model.decode(tgt[order, :3], memory[order], src_pad[order], no_pad[:, :3])
+    with torch.set_grad_enabled(grad):
+        memory = model.encode(src, src_pad)
+        no_pad = torch.zeros_like(tgt, dtype=torch.bool)
+        cache = model.new_cache()
+        model.decode(tgt[:, :2], memory, src_pad, no_pad[:, :2], cache)
+        order = torch.tensor([2, 2, 0])
+        cache.reorder(order)
+        step = model.decode(tgt[order, 2:3], memory[order], src_pad[order], no_pad[:, 2:3], cache)
+        full = model.decode(tgt[order, :3], memory[order], src_pad[order], no_pad[:, :3])
     torch.testing.assert_close(step[:, 0], full[:, 2], atol=1e-10, rtol=1e-10)
+
+
+@torch.no_grad()
+def test_beams_reading_one_memory_row_per_sentence_decode_as_with_the_memory_repeated():
+    model = Transformer(TINY).double().eval()
+    src, tgt, src_pad, _ = batch()
+    memory, beams = model.encode(src, src_pad), 2
+    rows = torch.arange(3).repeat_interleave(beams)  # decoder rows 0, 1 read sentence 0, and so on
+    tokens, no_pad = tgt[rows], torch.zeros(3 * beams, 1, dtype=torch.bool)
+    shared, repeated = model.new_cache(), model.new_cache()
+    for t in range(tokens.size(1)):
+        a = model.decode(tokens[:, t : t + 1], memory, src_pad, no_pad, shared)
+        b = model.decode(tokens[:, t : t + 1], memory[rows], src_pad[rows], no_pad, repeated)
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+        swap = torch.tensor([1, 0, 2, 2, 5, 4])  # beams trade places within their sentence, as beam search does
+        shared.reorder(swap)
+        repeated.reorder(swap)
+        tokens = tokens[swap]
 
 
 def test_one_embedding_matrix_serves_source_target_and_softmax():

@@ -1,0 +1,61 @@
+"""How fast training runs against what this CPU or GPU can do: thread choice, a GEMM calibration, and the
+tokens/s and fraction-of-GEMM-rate figures that the benchmark and the grid report."""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+
+from model.config import TransformerConfig
+from model.params import training_flops
+
+SMALL_D_MODEL = 128  # up to this width a CPU op is too small to split across threads (measured by ablations.bench)
+
+
+def free_cores() -> int:
+    """CPU cores not busy with other processes: this process's cores minus the 1-minute load average, at least 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cores, round(cores - os.getloadavg()[0])))
+
+
+def choose_threads(cfg: TransformerConfig, requested: int | None = None) -> int:
+    """Intra-op CPU threads for training or decoding cfg: `requested`, else OMP_NUM_THREADS if set, else one thread
+    for models up to d_model 128 and the free cores for larger ones. A thread that waits for a busy core stalls every
+    op, so on a loaded machine more threads than free cores make small models many times slower."""
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"threads={requested} must be at least 1")
+        return requested
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+        return int(os.environ["OMP_NUM_THREADS"])
+    return 1 if cfg.d_model <= SMALL_D_MODEL else free_cores()
+
+
+def gemm_flops(device: torch.device, n: int = 1024, k: int = 512, m: int = 2048, repeats: int = 5) -> float:
+    """Measured fp32 matrix-multiply rate (FLOP/s, median of `repeats`) at the base model's FFN shape, on the
+    current thread count: the yardstick for what fraction of this machine a training step uses."""
+    a, b = torch.randn(n, k, device=device), torch.randn(k, m, device=device)
+    rates = []
+    for _ in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        rates.append(2 * n * k * m / (time.perf_counter() - start))
+    return statistics.median(rates[1:])  # the first call warms the allocator and the BLAS
+
+
+def throughput(cfg: TransformerConfig, counts: dict[str, int], src_tokens: int, tgt_tokens: int, seconds: float,
+               gemm_rate: float | None) -> dict[str, float | None]:
+    """Training throughput of a run or a step: tokens/s and the model FLOP rate as a fraction of the measured
+    GEMM rate (`gemm_flops`); counts is model.params.count_parameters' result."""
+    flops = training_flops(cfg, counts, src_tokens, tgt_tokens)
+    return {
+        "tokens_per_s": (src_tokens + tgt_tokens) / seconds,
+        "tgt_tokens_per_s": tgt_tokens / seconds,
+        "gemm_fraction": flops / seconds / gemm_rate if gemm_rate else None,
+    }
