@@ -17,6 +17,7 @@ from ablations.data import ENV_VAR, PRESETS, DataError, data_dir
 from ablations.distributed import check_accumulation, from_environment, main_first, setup, teardown
 from ablations.grid import REPO_ROOT, Grid, prepare_data, run_grid, spec_for
 from ablations.stopping import Stopped, graceful_stops
+from ablations.throughput import choose_threads
 from ablations.train import read_checkpoint
 from model import SpecError, count_parameters, load_model
 from model.config import field_names
@@ -108,7 +109,8 @@ def check_model(spec: str, b: Budget, preset: str) -> None:
 def check_run_args(args: argparse.Namespace) -> Budget:
     """Every option of `run`, checked before any work: a one-line ValueError naming the option, its value and what is allowed."""
     for flag, value in (("--steps", args.steps), ("--warmup", args.warmup), ("--dev-pairs", args.dev_pairs),
-                        ("--accumulation", args.accumulation), ("--max-attempts", args.max_attempts)):
+                        ("--accumulation", args.accumulation), ("--max-attempts", args.max_attempts),
+                        ("--threads", args.threads)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} {value}: give a whole number of at least 1")
     b = budget_from(args)
@@ -142,6 +144,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             device = setup(ranks, device)
             if device.type == "cuda":
                 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+            else:  # one thread for the scaled models unless asked (ablations/throughput.py says why)
+                torch.set_num_threads(choose_threads(row_config(rows[0], b, vocab_size=1), args.threads))
             data = main_first(ranks, lambda: prepare_data(b, preset, data_dir(args.data), Path(args.runs)))
             scaled = f" (SCALED: sizes / {b.scale})" if b.scaled else ""
             parallel = f" x {ranks.world} data-parallel processes" if ranks.parallel else ""
@@ -262,6 +266,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--dev-pairs", type=int, action="once", help="score only the first N dev pairs (a quick look; changes the run's hash)")
     run.add_argument("--accumulation", type=int, action="once", help="micro-batches per step (same tokens per step, less memory)")
     run.add_argument("--max-attempts", type=int, default=3, action="once", help="failed runs are retried until this many attempts")
+    run.add_argument("--threads", type=int, action="once",
+                     help="CPU threads per process (default $OMP_NUM_THREADS, else 1 up to d_model 128, else the free cores)")
     run.set_defaults(func=cmd_run)
     res = sub.add_parser("results", help="gather every final.json under --runs into one table")
     res.add_argument("--runs", default=str(DEFAULT_RUNS))

@@ -25,6 +25,7 @@ from ablations.budgets import Budget, row_config, row_steps
 from ablations.data import PRESETS, load_corpus
 from ablations.distributed import SINGLE, Ranks, from_main
 from ablations.evaluate import dev_bleu, perplexity
+from ablations.throughput import gemm_flops, throughput
 from ablations.train import Diverged, TrainSettings, train
 from model import TransformerConfig, count_parameters, load_model
 from model.params import training_flops
@@ -190,7 +191,7 @@ def train_and_score(grid: Grid, row: Table3Row, seed: int, data: PreparedData, d
     header = {k: v for k, v in identity.items() if k not in ("config", "train", "data")}
     final = {**header, "status": "finished", "error": None, "dev_ppl": None, "bleu": None, "bleu_tokenized": None,
              "sacrebleu_signature": None, "params": None, "steps": 0, "tokens_seen": 0, "wall_s": None,
-             "tokens_per_s": None, "mfu": None, "device": describe_device(grid.device, grid.ranks.world), "torch": torch.__version__,
+             "tokens_per_s": None, "mfu": None, "gemm_fraction": None, "device": describe_device(grid.device, grid.ranks.world), "torch": torch.__version__,
              "commit": git_commit(), "date": None, "config": cfg.to_dict()}
     label = f"{row.name} s{seed}"
     try:
@@ -206,9 +207,12 @@ def train_and_score(grid: Grid, row: Table3Row, seed: int, data: PreparedData, d
         final.update(steps=state.step, tokens_seen=state.tokens_seen, wall_s=state.wall_s,
                      tokens_per_s=state.tokens_seen / state.wall_s if state.wall_s else None)
         peak = peak_flops(grid.device)
-        if peak and final["tokens_per_s"]:  # about half the tokens are source, half target; tokens/s of all ranks
+        if final["tokens_per_s"]:  # about half the tokens are source, half target; tokens/s of all ranks
             half = final["tokens_per_s"] / 2
-            final["mfu"] = training_flops(cfg, counts, half, half) / (peak * grid.ranks.world)
+            if peak:
+                final["mfu"] = training_flops(cfg, counts, half, half) / (peak * grid.ranks.world)
+            # What this machine's fp32 GEMMs reach now, on this process's threads: the step's share of it.
+            final["gemm_fraction"] = throughput(cfg, counts, half, half, 1.0, gemm_flops(grid.device))["gemm_fraction"]
         started = time.perf_counter()
         final["dev_ppl"] = perplexity(model, data.dev_src, data.dev_tgt, grid.device, settings.micro_tokens, settings.autocast,
                                       progress=label)

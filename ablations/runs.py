@@ -287,7 +287,7 @@ def results_table(runs: Path) -> pd.DataFrame:
     table = pd.DataFrame.from_records(records)
     if table.empty:
         return table
-    for column in ("dev_ppl", "bleu", "bleu_tokenized", "tokens_per_s", "mfu", "wall_s"):
+    for column in ("dev_ppl", "bleu", "bleu_tokenized", "tokens_per_s", "mfu", "gemm_fraction", "wall_s"):
         if column in table:
             table[column] = pd.to_numeric(table[column], errors="coerce")  # null -> NaN
     return table

@@ -185,13 +185,20 @@ def change_against_change(table: pd.DataFrame, path: Path, title: str) -> plt.Fi
 
 
 def tokens_per_second(runs: pd.DataFrame, path: Path, title: str, order: list[str]) -> plt.Figure:
-    """Training throughput per row (mean over seeds, sd as error bar)."""
+    """Training throughput per row (mean over seeds, sd as error bar) and, where the runs measured it, the share of
+    the machine's fp32 GEMM rate that the step's model FLOPs reach."""
     data = runs.dropna(subset=["tokens_per_s"])
     rows = [r for r in order if r in set(data["row"])]
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * len(rows) + 1), 3))
-    sns.barplot(data, x="row", y="tokens_per_s", order=rows, errorbar="sd", ax=ax, color=SOURCE_COLOR["ours"])
-    ax.set(title=title, xlabel="", ylabel="training tokens/s")
-    ax.tick_params(axis="x", rotation=90)
+    panels = [("tokens_per_s", "training tokens/s")]
+    if "gemm_fraction" in data and data["gemm_fraction"].notna().any():
+        panels.append(("gemm_fraction", "share of the GEMM rate"))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(4.0, 0.45 * len(rows) + 1), 3 * len(panels)), sharex=True,
+                             squeeze=False)
+    for ax, (column, label) in zip(axes[:, 0], panels):
+        sns.barplot(data, x="row", y=column, order=rows, errorbar="sd", ax=ax, color=SOURCE_COLOR["ours"])
+        ax.set(xlabel="", ylabel=label)
+        ax.tick_params(axis="x", rotation=90)
+    axes[0, 0].set_title(title)
     return _save(fig, path)
 
 

@@ -76,7 +76,7 @@ def load_budget(folder: Path) -> BudgetResults:
     """All runs of one budget folder: finished, diverged and failed ones (with NaN metrics), the newest per (row, seed);
     the older ones are named in `superseded` so that the header can say so."""
     runs = results_table(folder)  # the runner's own reader: one line per readable final.json (damaged ones: a warning)
-    for column in ("dev_ppl", "bleu", "params", "steps", "tokens_seen", "tokens_per_s", "wall_s"):
+    for column in ("dev_ppl", "bleu", "params", "steps", "tokens_seen", "tokens_per_s", "gemm_fraction", "wall_s"):
         runs[column] = _numbers(runs[column]) if column in runs else math.nan
     runs = runs.sort_values("date", kind="stable") if "date" in runs else runs
     newest = runs.drop_duplicates(["row", "seed"], keep="last")

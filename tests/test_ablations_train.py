@@ -160,6 +160,15 @@ def test_a_finished_run_is_never_run_again_or_overwritten(tiny_data):
     assert [r["step"] for r in logged] == [1, 2, 3] and "dev_ppl" in logged[-1]
 
 
+@needs_data
+def test_a_finished_run_records_its_throughput_and_share_of_the_machines_gemm_rate(tiny_data):
+    runs, data = tiny_data
+    directory, status = run_one(grid_of(runs / "rate", "reference"), select_rows("base")[0], 1, data)
+    final = R.read_json(directory / R.FINAL)
+    assert status == "finished" and final["tokens_per_s"] > 0
+    assert 0 < final["gemm_fraction"] < 1  # model FLOPs per second over a measured fp32 GEMM rate on this CPU
+
+
 @pytest.mark.parametrize("argv, message", [
     (["run", "--model", "nonsense"], "error: unknown model 'nonsense'; registered: reference, torch-nn"),
     (["run", "--rows", "base,Z9"], "error: unknown row 'Z9'; valid rows: all, base, A1"),
