@@ -75,24 +75,28 @@ def has_dropout(subject: Subject) -> str | None:
     return None if subject.config.P_drop > 0 else f"config P_drop={subject.config.P_drop}: there is no dropout to observe"
 
 
-@invariant(GROUP, tol.EFFECT, pinned=lambda s: pinned_cases(s, train=(True,), capture=(False,)),
+@invariant(GROUP, tol.DROPOUT, pinned=lambda s: pinned_cases(s, train=(True,), capture=(False,)),
            cases=lambda s: batch_cases(s, train=True, capture=False, min_src=4, min_tgt=4),
            applicable=has_dropout)
 def dropout_active(subject: Subject, case: Case) -> float:
-    """In train mode dropout acts: logits differ between two seeds and from eval mode (paper, section 5.4).
+    """In train mode dropout acts: logits differ between seeds and from eval mode (paper, section 5.4).
 
-    Measured relative to the logits' own magnitude (max |eval logits|, no floor: a freshly initialised model's
-    logits may be ~0.1), the smaller of the two differences.
+    Four train passes under different seeds, measured relative to the logits' own magnitude (max |eval logits|,
+    no floor: a freshly initialised model's logits may be ~0.1): the larger difference between seeds and the larger
+    difference from eval, the smaller of the two. At d_model=4 one mask may change a logit by only 1e-4 of its size,
+    so the bound sits just above float64 noise, not at an effect size (tolerances.DROPOUT).
     """
     model, batch = subject.model(case.config), case.make_batch(subject)
     model.train()
     runs = []
-    for seed in (case.seed, case.seed + 1):
+    for seed in range(case.seed, case.seed + 4):
         with seeded(seed):
             runs.append(batch.forward(model))
     model.eval()
     evaluated = batch.forward(model)
-    return min(relative_change(runs[0], runs[1], evaluated), relative_change(runs[0], evaluated, evaluated))
+    between_seeds = max(relative_change(runs[0], run, evaluated) for run in runs[1:])
+    from_eval = max(relative_change(run, evaluated, evaluated) for run in runs)
+    return min(between_seeds, from_eval)
 
 
 def relative_change(a: Tensor, b: Tensor, scale_of: Tensor) -> float:
