@@ -2,7 +2,7 @@
 
     from invariants import run_suite, causal_future_tokens
     causal_future_tokens("reference")          # one property -> Result(verdict, worst_error, tolerance, ...)
-    run_suite("torch-nn")                       # every property, in the issue's order
+    run_suite("torch-nn")                       # every property, grouped by the paper's sections
 
 `python -m invariants --model SPEC` runs the suite and writes reports/invariants/<model>.md and .json.
 """
@@ -12,6 +12,7 @@ from invariants.behaviour import (
 )
 from invariants.causal import cached_decoding, causal_future_probs, causal_future_tokens, causal_jacobian
 from invariants.engine import NotApplicable, Property, Result
+from invariants.mutants import MUTANTS  # importing it registers mutant:NAME in the model registry
 from invariants.objective import loss_eps_zero_is_nll, loss_pad_normalisation, loss_smoothed_minimum
 from invariants.params import params_base, params_table3, params_tied_embeddings
 from invariants.permutation import permutation_cross_attention, permutation_encoder, permutation_positive_control
@@ -20,4 +21,4 @@ from invariants.softmax import fully_padded_rows, padding_probs_zero, softmax_ro
 from invariants.subject import Subject
 from invariants.suite import PROPERTIES, run_suite
 
-__all__ = ["PROPERTIES", "NotApplicable", "Property", "Result", "Subject", "run_suite", *(p.name for p in PROPERTIES)]
+__all__ = ["MUTANTS", "PROPERTIES", "NotApplicable", "Property", "Result", "Subject", "run_suite", *(p.name for p in PROPERTIES)]

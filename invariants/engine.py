@@ -62,7 +62,7 @@ class Property:
     """A named invariant: its check, its tolerance, the cases it runs on, and the capabilities it needs."""
 
     name: str
-    group: str  # the issue's item, e.g. "1 causal mask"
+    group: str  # what part of the paper's design it checks, e.g. "1 causal mask"
     description: str
     check: Callable[[Subject, Any], float | tuple[float, str]]  # the error, or (error, a note for the report)
     tolerance: Tolerance

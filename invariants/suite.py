@@ -1,4 +1,4 @@
-"""The suite: every property in the issue's order, run against one model with a progress bar."""
+"""The suite: every property, grouped by the part of the paper's design it checks, run against one model with a progress bar."""
 from __future__ import annotations
 
 import hypothesis

@@ -40,8 +40,9 @@ def test_reference_model_passes_every_invariant():
 
 
 def test_torch_nn_transformer_gets_its_documented_verdicts():
-    # Real findings about torch.nn.Transformer 2.13 (README, "Invariants"): no KV cache, rows B1/B2 unbuildable, and a
-    # fully padded source or target row gives NaN logits and gradients when attention weights are requested.
+    # Real findings about torch.nn.Transformer 2.13 (docs/invariants.md, "Findings on real models"): no KV cache,
+    # rows B1/B2 unbuildable, and a fully padded source or target row gives NaN logits and gradients when attention
+    # weights are requested.
     # A user observes these NaNs (in the loss's gradients), so they are judged, unlike the dead rows' own values.
     results = run_suite(f"torch-nn,{SMALL}", settings=few())
     expected = {r.name: PASS for r in results}

@@ -26,7 +26,7 @@ def test_base_with_a_37000_token_vocabulary_is_within_5_percent_of_65M():
 @pytest.mark.parametrize("row", ROWS_WITH_PARAMS, ids=lambda r: r.name)
 def test_row_params_within_5_percent_of_the_paper(row):
     # The paper's column fits a ~41K vocabulary (implied_vocab_size), not its stated "about 37000":
-    # at 37000 row C1 (N=2) lands 6.5% low. See README, "Parameter counts".
+    # at 37000 row C1 (N=2) lands 6.5% low. See docs/invariants.md, "Parameter counts".
     cfg = row.config().replace(vocab_size=implied_vocab_size())
     assert counted(cfg) / 1e6 == pytest.approx(row.paper_params_millions, rel=0.05)
 
