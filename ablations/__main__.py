@@ -15,15 +15,16 @@ from ablations import runs as R
 from ablations.budgets import BUDGETS, Budget, budget, row_config, select_rows
 from ablations.data import ENV_VAR, PRESETS, DataError, data_dir
 from ablations.distributed import check_accumulation, from_environment, main_first, setup, teardown
-from ablations.grid import REPO_ROOT, Grid, prepare_data, run_grid, spec_for
+from ablations.grid import Grid, prepare_data, run_grid, spec_for
 from ablations.stopping import Stopped, graceful_stops
 from ablations.throughput import choose_threads
 from ablations.train import read_checkpoint
+import invariants.mutants  # noqa: F401  (registers mutant:NAME, so --model mutant:NAME trains a broken model)
 from model import SpecError, count_parameters, load_model
 from model.config import field_names
-from model.registry import BUILTIN, default_spec, parse_spec
+from model.registry import default_spec, lookup, parse_spec
 
-DEFAULT_RUNS = REPO_ROOT / "runs"
+DEFAULT_RUNS = Path("runs")  # relative to the working directory, like every default path
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -89,7 +90,8 @@ def check_model(spec: str, b: Budget, preset: str) -> None:
     if rows_set:
         raise ValueError(f"--model {spec}: the grid sets {', '.join(rows_set)} per Table 3 row (every model config field "
                          f"comes from the row); drop the override, or choose rows with --rows")
-    if parsed.target in BUILTIN and BUILTIN[parsed.target][1] and parsed.variant:
+    entry = lookup(parsed.target)
+    if entry is not None and entry.takes == "preset" and parsed.variant:
         raise ValueError(f"--model {spec}: the grid builds each row's own config, so the preset :{parsed.variant} would "
                          f"be ignored; drop it (the big model is --rows big)")
     base = select_rows("base")[0]
@@ -197,7 +199,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     finals = [path for path, _ in R.ended_results(source)] if source.is_dir() else []
     if not finals:
         raise ValueError(f"no finished runs under {source}; run: python -m ablations run --budget {args.budget}")
-    target = Path(args.out or REPO_ROOT / "reports" / "results" / args.budget)
+    target = Path(args.out or Path("reports") / "results" / args.budget)
     for final in finals:
         dest = target / "runs" / final.parent.name
         dest.mkdir(parents=True, exist_ok=True)
@@ -258,8 +260,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--preset", choices=list(PRESETS), action="once", help="data preset (default: the budget's)")
     run.add_argument("--seeds", default="1", action="once", help="seed numbers: 1 or 1,2,3 or 1-3 (default 1)")
     run.add_argument("--model", default=default_spec(), action="once", help="model spec (default $AIAYN_MODEL or reference)")
-    run.add_argument("--data", action="once", help=f"data folder (default ${ENV_VAR} or <repo>/../shared/data)")
-    run.add_argument("--runs", default=str(DEFAULT_RUNS), action="once", help="runs root (default <repo>/runs)")
+    run.add_argument("--data", action="once", help=f"data folder (default ${ENV_VAR} or ../shared/data)")
+    run.add_argument("--runs", default=str(DEFAULT_RUNS), action="once", help="runs root (default ./runs)")
     run.add_argument("--device", default="auto", action="once", help="auto, cpu, cuda, cuda:N (default auto)")
     run.add_argument("--steps", type=int, action="once", help="override the budget's optimizer steps per row (1 or more)")
     run.add_argument("--warmup", type=int, action="once", help="override the budget's warmup_steps of the learning-rate schedule")

@@ -35,7 +35,7 @@ from ablations.bpe import EOS, PAD
 from ablations.budgets import SCALED_FIELDS, budget
 from ablations.data import data_dir
 from ablations.decoding import beam_search
-from ablations.grid import REPO_ROOT, git_commit, prepare_data
+from ablations.grid import git_commit, prepare_data
 from ablations.throughput import choose_threads, gemm_flops, throughput
 from ablations.train import ADAM_BETAS, ADAM_EPS, make_optimizer, train_step
 from model import Parts, Transformer, TransformerConfig, count_parameters, load_model
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ablations.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)")
     parser.add_argument("--preset", default="multi30k", help="data preset whose dev set gives the batches (default multi30k)")
-    parser.add_argument("--runs", default=str(REPO_ROOT / "runs"), help="where the BPE cache lives")
+    parser.add_argument("--runs", default="runs", help="where the BPE cache lives")
     parser.add_argument("--sizes", default="base,scaled", help="base, scaled (every size / 8) or both (default)")
     parser.add_argument("--config", default="", help="overrides of the base config, e.g. N=2 (the scaled size is derived from it)")
     parser.add_argument("--vocab", type=int, default=8000, help="BPE size: the scaled models' vocabulary (default 8000)")
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-length", type=int, default=20, help="tokens per source (default 20)")
     parser.add_argument("--extra", type=int, default=50, help="output tokens beyond the source length (default 50)")
     parser.add_argument("--decode-reps", type=int, default=3, help="interleaved decoding repetitions (default 3)")
-    parser.add_argument("--out", default=str(REPO_ROOT / "reports" / "bench.md"))
+    parser.add_argument("--out", default=str(Path("reports") / "bench.md"))
     args = parser.parse_args(argv)
     try:
         pairs = dict(item.split("=", 1) for item in args.config.split(",") if item)

@@ -1,6 +1,7 @@
 """Parallel EN-DE corpora read in place from the data folder: presets, checks, normalisation, dev/test removal.
 
-The data folder is `--data DIR`, else the AIAYN_DATA environment variable, else `<repo>/../shared/data`.
+The data folder is `--data DIR`, else the AIAYN_DATA environment variable, else `../shared/data` relative to the working directory
+(from the repository root, the checkout's sibling `shared/data`).
 Files are read with split('\\n'), not splitlines(): two newstest files contain U+0085 inside lines.
 Every problem with the data is a DataError whose message is one line saying what to fix.
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 ENV_VAR = "AIAYN_DATA"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DIR = Path("..") / "shared" / "data"  # relative to the working directory: the repository root's sibling
 HOW_TO_GET = "see README.md, section Ablations, 'Data'"
 NEWS_EXTRA = [f"wmt_newstest_ende/extra/{name}" for name in (
     "news-test2008", "newstest2009", "newstest2010", "newstest2011", "newstest2012",
@@ -81,8 +82,8 @@ class Corpus:
 
 
 def data_dir(option: str | os.PathLike | None = None) -> Path:
-    """The data folder: the option, else $AIAYN_DATA, else <repo>/../shared/data; a DataError if it is missing."""
-    chosen = option or os.environ.get(ENV_VAR) or REPO_ROOT.parent / "shared" / "data"
+    """The data folder: the option, else $AIAYN_DATA, else ../shared/data from the working directory; a DataError if it is missing."""
+    chosen = option or os.environ.get(ENV_VAR) or DEFAULT_DIR
     path = Path(chosen).expanduser()
     if not path.is_dir():
         raise DataError(f"data folder {path} not found; pass --data DIR or set {ENV_VAR} to the folder holding multi30k/, wmt_newstest_ende/, ... ({HOW_TO_GET})")

@@ -18,7 +18,6 @@ import shlex
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -31,23 +30,11 @@ from ablations.__main__ import parser as runner_parser
 from ablations.budgets import select_rows
 from ablations.data import DataError, data_dir
 from ablations.grid import Grid, PreparedData, prepare_data, run_directory
+from ablations.jobs import Job
 from ablations.stopping import Stopped, graceful_stops
 from model import SpecError
 
 NARROWED = ("--rows", "--seeds")  # the fan-out sets these itself, once per run
-
-
-@dataclass(frozen=True)
-class Job:
-    """One (row, seed) of the grid and the `python -m ablations` arguments that run it."""
-
-    row: str
-    seed: int
-    argv: tuple[str, ...]
-
-    @property
-    def name(self) -> str:
-        return f"{self.row}-s{self.seed}"
 
 
 def without(argv: list[str], options: tuple[str, ...]) -> list[str]:

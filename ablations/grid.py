@@ -31,7 +31,6 @@ from model import TransformerConfig, count_parameters, load_model
 from model.params import training_flops
 from model.table3 import Table3Row
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}  # dense, per GPU
 
 
@@ -107,11 +106,14 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 def git_commit() -> str | None:
-    """HEAD, with '+dirty' when the model or the runner differ from it (uncommitted code produced the numbers)."""
+    """HEAD of the working directory's checkout, with '+dirty' when its model or runner differ from it (uncommitted
+    code produced the numbers); None outside a checkout (an installed package run elsewhere)."""
     try:
-        head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "diff", "--quiet", "HEAD", "--", "model", "ablations"], timeout=10)
-    except OSError:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", ":/model", ":/ablations"], capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
         return None
     commit = head.stdout.strip()
     return (commit + ("+dirty" if dirty.returncode == 1 else "")) or None

@@ -7,15 +7,12 @@ and resumes from the run's checkpoint; results land in the shared runs folder li
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import submitit
 import torch
 
 from ablations.__main__ import main as runner_main
-
-if TYPE_CHECKING:
-    from ablations.fanout import Job
+from ablations.jobs import Job
 
 
 class RunJob(submitit.helpers.Checkpointable):

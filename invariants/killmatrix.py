@@ -54,7 +54,7 @@ def matrix(docs: list[dict[str, Any]], command: str, overrides: str = "") -> dic
         "properties": [p.name for p in PROPERTIES],
         "verdicts": verdicts,
         "caught": {name: any(v == FAIL for v in verdicts[name].values()) for name in names},
-        "from_issue": {name: MUTANTS[name].from_issue for name in names},
+        "known_bug": {name: MUTANTS[name].known_bug for name in names},
         "specs": {name: doc["model"] for name, doc in zip(names, docs)},
         "config": overrides,
         "command": command,
@@ -64,7 +64,7 @@ def matrix(docs: list[dict[str, Any]], command: str, overrides: str = "") -> dic
 
 def markdown(kill: dict[str, Any]) -> str:
     props = kill["properties"]
-    rows = [[f"`{m}`" + ("" if kill["from_issue"][m] else " *"), *(CELL[kill["verdicts"][m][p]] for p in props),
+    rows = [[f"`{m}`" + ("" if kill["known_bug"][m] else " *"), *(CELL[kill["verdicts"][m][p]] for p in props),
              "yes" if kill["caught"][m] else "**NO**"] for m in kill["mutants"]]
     where = f"config {kill['config']}" if kill.get("config") else "the base config (the paper's 65M model)"
     killed_by = {p: sum(kill["verdicts"][m][p] == FAIL for m in kill["mutants"]) for p in props}

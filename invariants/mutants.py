@@ -21,6 +21,7 @@ from model.attention import explicit_attention
 from model.config import TransformerConfig
 from model.layers import PositionalEncoding, sinusoidal_table
 from model.objective import label_smoothed_loss
+from model.registry import register_model
 from model.transformer import Parts, Transformer, causal_mask
 
 CAUSAL = ("causal_future_tokens", "causal_jacobian", "causal_future_probs", "cached_decoding")
@@ -231,12 +232,12 @@ class Mutant:
     bug: str
     parts: dict[str, Any]
     caught_by: tuple[str, ...]
-    from_issue: bool = True  # one of the thirteen bugs known from real code
+    known_bug: bool = True  # one of the thirteen bugs known from real code
     model: type[Transformer] = Transformer  # a subclass that overrides one step, for bugs no Parts seam reaches
 
 
 def _extra(bug: str, parts: dict[str, Any], caught_by: tuple[str, ...], model: type[Transformer] = Transformer) -> Mutant:
-    return Mutant(bug, parts, caught_by, from_issue=False, model=model)
+    return Mutant(bug, parts, caught_by, known_bug=False, model=model)
 
 
 MUTANTS: dict[str, Mutant] = {
@@ -264,7 +265,7 @@ MUTANTS: dict[str, Mutant] = {
     "dropout_in_eval": Mutant("dropout left on in eval mode", {"dropout": AlwaysDropout}, ("eval_determinism",)),
     "loss_over_all_tokens": Mutant("label-smoothed loss averaged over all tokens, padding included",
                                    {"loss": loss_over_all_tokens}, ("loss_pad_normalisation",)),
-    # Beyond the issue's list: one per property that none of the above breaks.
+    # Near misses beyond the known bugs: at least one per property, none the check's exact negation.
     "causal_everywhere": _extra("causal mask also applied in the encoder and cross-attention",
                                 {"attend": causal_everywhere}, ("permutation_encoder", "permutation_cross_attention")),
     "pe_position_zero": _extra("every position encoded as position 0", {"position_table": pe_position_zero},
@@ -303,6 +304,7 @@ MUTANTS: dict[str, Mutant] = {
 }
 
 
+@register_model("mutant", "a reference model with one known bug: mutant:NAME", takes="name")
 def build(config: TransformerConfig, name: str | None) -> Transformer:
     """The reference model with mutant `name`'s bug; an unknown or missing name is a ValueError listing them."""
     if name not in MUTANTS:

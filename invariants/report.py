@@ -24,10 +24,10 @@ def slug(spec: str) -> str:
 
 
 def commit() -> str:
+    """The short HEAD of the working directory's checkout, 'unknown' outside one (an installed package run elsewhere)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).parent)
-        return out.stdout.strip() or "unknown"
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        return (out.returncode == 0 and out.stdout.strip()) or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

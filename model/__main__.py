@@ -1,4 +1,4 @@
-"""`python -m model info SPEC [--json]`: the resolved config and the parameter count of any model spec."""
+"""`python -m model info SPEC [--json]` | `python -m model list`: the resolved config and the parameter count of any model spec."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ import sys
 import torch
 
 from model.params import count_parameters
-from model.registry import BUILTIN, SpecError, default_spec, load_model
+from model.registry import SpecError, default_spec, load_model, registered
 
 
 def info(spec: str) -> dict[str, object]:
@@ -29,9 +29,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="print the resolved config and parameter count of a model spec")
-    p_info.add_argument("spec", nargs="?", default=None, help=f"model spec (default: $AIAYN_MODEL or reference); registered: {', '.join(BUILTIN)}")
+    p_info.add_argument("spec", nargs="?", default=None, help=f"model spec (default: $AIAYN_MODEL or reference); see `python -m model list`")
     p_info.add_argument("--json", action="store_true", help="print one JSON object")
+    sub.add_parser("list", help="print the registered model names, one per line with what each is")
     args = parser.parse_args(argv)
+    if args.command == "list":
+        for name, entry in registered().items():
+            print(f"{name:<10} {entry.about}")
+        return 0
     try:
         result = info(args.spec or default_spec())
     except SpecError as exc:

@@ -76,12 +76,11 @@ class Seq2SeqModel(Protocol):
         ...
 
 
+# The protocol's members in the order written above: its annotated attributes, then its methods.
+MEMBERS = (*Seq2SeqModel.__annotations__,
+           *(name for name, value in vars(Seq2SeqModel).items() if callable(value) and not name.startswith("_")))
+
+
 def missing_members(obj: object) -> list[str]:
     """The protocol members that obj lacks (empty when it satisfies the protocol)."""
     return [name for name in MEMBERS if not hasattr(obj, name)]
-
-
-MEMBERS = (
-    "config", "unsupported", "forward", "encode", "decode", "embed", "loss", "new_cache", "attention_probs",
-    "positional_table", "positional_encoding", "embedding_weights", "parameter_groups", "parameters", "train",
-)

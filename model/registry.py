@@ -6,9 +6,15 @@
   torch-nn                  torch.nn.Transformer behind the protocol
   hf-marian, hf-bart        HuggingFace MarianMT / BART, random init at the config (pip install .[hf])
   hf:PATH                   a HuggingFace model saved with save_pretrained (overrides: random init of its family)
-  mutant:no_causal_mask     a deliberately broken reference model (see invariants/mutants.py)
+  mutant:no_causal_mask     a deliberately broken reference model, registered by invariants.mutants when imported
   path/to/file.py:factory   your adapter: factory(config) -> model satisfying model.protocol.Seq2SeqModel
   package.module:factory    the same, importable
+
+A layer registers what it defines with `@register_model(name, about)` on the builder; model/ registers its own
+adapters and names no higher layer. invariants.mutants registers `mutant` when imported (importing `invariants`
+does), so a higher layer's models exist exactly where that layer is in use: the invariants' CLI, and the ablation
+runner, which imports it for `--model mutant:NAME`. This is simpler than an entry-point plugin scheme and works
+from a plain checkout, with no install metadata to refresh.
 """
 from __future__ import annotations
 
@@ -24,21 +30,81 @@ from model.protocol import Seq2SeqModel, missing_members
 
 ENV_VAR = "AIAYN_MODEL"
 DEFAULT_SPEC = "reference"
-
-# name -> (import path of the builder, whether the part after ':' is a preset, what it is). A preset builder gets
-# the preset's config with the overrides; the others get the base config with the overrides and the name after ':',
-# except those in BY_PATH, which get the name (a path) and the raw overrides (the saved model has its own config).
-BUILTIN: dict[str, tuple[str, bool, str]] = {
-    "reference": ("model.adapters.reference:build", True, "the reference Transformer; presets base, big"),
-    "torch-nn": ("model.adapters.torch_nn:build", True, "torch.nn.Transformer with the paper's embeddings and PE"),
-    "hf-marian": ("model.adapters.hf:build_marian", True, "HuggingFace MarianMT, random init at the config"),
-    "hf-bart": ("model.adapters.hf:build_bart", True, "HuggingFace BART, random init at the config"),
-    "hf": ("model.adapters.hf:build_pretrained", False, "a HuggingFace model saved with save_pretrained: hf:PATH"),
-    "mutant": ("invariants.mutants:build", False, "a reference model with one known bug: mutant:NAME"),
-}
-BY_PATH = {"hf"}
-OPTIONAL = {"transformers": "hf"}  # a module some builtins need -> the extra that installs it
+# What the part after ':' names, and so how a builder is called: "preset" gets the preset's config with the
+# overrides; "name" gets the base config with the overrides and the name after ':'; "path" gets the name (a path)
+# and the raw overrides (the saved model has its own config).
+TAKES = ("preset", "name", "path")
+# Modules of model/ whose import registers the shipped adapters, imported only when a name is looked up (the hf
+# one imports transformers). Higher layers register their own models on import (invariants.mutants: mutant:NAME).
+ADAPTERS = ("model.adapters.reference", "model.adapters.torch_nn", "model.adapters.hf")
+OPTIONAL = {"transformers": "hf"}  # a module some adapters need -> the extra that installs it
 _FILES: dict[Path, object] = {}  # adapter files already imported, by resolved path: each is executed once
+_UNAVAILABLE: dict[str, str] = {}  # adapter module -> why it could not be imported (an optional extra missing)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registered model: its builder, what the part after ':' names (one of TAKES) and a one-line description."""
+
+    name: str
+    build: Callable
+    takes: str
+    about: str
+
+
+REGISTRY: dict[str, Entry] = {}
+
+
+def register_model(name: str, about: str, takes: str = "preset") -> Callable[[Callable], Callable]:
+    """Decorator registering a builder under a spec name; a name registered twice is a ValueError."""
+    if takes not in TAKES:
+        raise ValueError(f"register_model({name!r}): takes={takes!r}, expected one of {', '.join(TAKES)}")
+
+    def register(build: Callable) -> Callable:
+        if name in REGISTRY:
+            raise ValueError(f"model name {name!r} is already registered by {REGISTRY[name].build.__module__}")
+        REGISTRY[name] = Entry(name, build, takes, about)
+        return build
+
+    return register
+
+
+def _load_adapters(until: str | None = None) -> None:
+    """Import the shipped adapter modules (stopping once `until` is registered); a missing extra is noted, not raised."""
+    for module in ADAPTERS:
+        if until in REGISTRY:
+            return
+        if module in _UNAVAILABLE:
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            if exc.name not in OPTIONAL:
+                raise
+            _UNAVAILABLE[module] = f"{module} needs {exc.name}, which is not installed: pip install .[{OPTIONAL[exc.name]}]"
+
+
+def registered() -> dict[str, Entry]:
+    """Every model name that can be given before ':', with its entry: the shipped adapters first, then those that
+    other layers registered so far (in the order they registered)."""
+    _load_adapters()
+    shipped = {module: i for i, module in enumerate(ADAPTERS)}
+    order = sorted(REGISTRY.values(), key=lambda e: shipped.get(e.build.__module__, len(ADAPTERS)))
+    return {entry.name: entry for entry in order}
+
+
+def lookup(name: str) -> Entry | None:
+    """The entry registered under `name` (importing shipped adapters until it appears), else None."""
+    if "." in name or "/" in name:  # a file or a module, never a registered name
+        return None
+    _load_adapters(until=name)
+    return REGISTRY.get(name)
+
+
+def _unknown() -> str:
+    """The registered names, and the adapters that could not be loaded, for an error message."""
+    missing = "".join(f"; not loaded: {why}" for why in _UNAVAILABLE.values())
+    return f"registered: {', '.join(registered())}{missing}"
 
 
 class SpecError(ValueError):
@@ -92,8 +158,7 @@ def _import(target: str, attr: str, spec: Spec) -> Callable:
             if exc.name in OPTIONAL:
                 raise SpecError(f"model spec {spec.text!r} needs {exc.name}, which is not installed: "
                                 f"pip install .[{OPTIONAL[exc.name]}]") from None
-            names = ", ".join(BUILTIN)
-            raise SpecError(f"model spec {spec.text!r}: {target!r} is neither a registered model ({names}) nor an importable module ({exc})") from exc
+            raise SpecError(f"model spec {spec.text!r}: {target!r} is neither a registered model ({_unknown()}) nor an importable module ({exc})") from exc
     if not hasattr(module, attr):
         raise SpecError(f"model spec {spec.text!r}: {target} has no factory {attr!r}")
     return getattr(module, attr)
@@ -106,21 +171,20 @@ def load_model(text: str | None = None) -> Seq2SeqModel:
         changes = parse_overrides(spec.overrides)
     except ValueError as exc:
         raise SpecError(f"model spec {spec.text!r}: {exc}") from None
-    if spec.target in BUILTIN:
-        path, takes_preset, _ = BUILTIN[spec.target]
-        builder = _import(*path.split(":"), spec)
+    entry = lookup(spec.target)
+    if entry is not None:
         try:
-            if takes_preset:
-                model = builder(preset(spec.variant or "base").replace(**changes))
-            elif spec.target in BY_PATH:
-                model = builder(spec.variant, changes)
+            if entry.takes == "preset":
+                model = entry.build(preset(spec.variant or "base").replace(**changes))
+            elif entry.takes == "path":
+                model = entry.build(spec.variant, changes)
             else:
-                model = builder(preset("base").replace(**changes), spec.variant)
+                model = entry.build(preset("base").replace(**changes), spec.variant)
         except (ValueError, KeyError) as exc:
             raise SpecError(f"model spec {spec.text!r}: {exc}") from None
     else:
         if spec.variant is None:
-            raise SpecError(f"unknown model {spec.target!r}; registered: {', '.join(BUILTIN)}; or give path/to/file.py:factory or package.module:factory")
+            raise SpecError(f"unknown model {spec.target!r}; {_unknown()}; or give path/to/file.py:factory or package.module:factory")
         factory = _import(spec.target, spec.variant, spec)
         try:
             model = factory(TransformerConfig().replace(**changes))

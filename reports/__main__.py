@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 
 from model.table3 import table3_rows
-from reports import attention, figures, index, progress, table3, table3_formats
+from reports import attention, figures, glance, index, progress, table3, table3_formats
 from reports.index import Artifact
-from reports.inputs import (ABLATIONS_COMMAND, BENCH_COMMAND, BENCH_REPORTS, INVARIANTS_DIR, KILL_MATRIX, REPO,
+from reports.inputs import (ABLATIONS_COMMAND, BENCH_COMMAND, BENCH_REPORTS, INVARIANTS_DIR, KILL_MATRIX,
                             RESULTS_DIR, MissingInput, budget_folders, load_budget, load_invariants, shown_path)
 
 REBUILD = "nox -s report"
-OUT_DIR = REPO / "reports"
+OUT_DIR = Path("reports")  # relative to the working directory, like the inputs' defaults
 
 
 def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]]:
@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     if not artifacts:
         return 2
     written = index.write(artifacts, skipped, args.out, REBUILD)
+    written += glance.write(args.results, args.invariants, args.out)  # README.md's glance, docs' property table
     built = [a.path for a in artifacts if a.command == REBUILD] + written
     for path in built:
         print(f"wrote {shown_path(path)}")

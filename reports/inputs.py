@@ -17,9 +17,8 @@ import pandas as pd
 
 from ablations.runs import final_problem, read_json, read_metrics, results_table, warn
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO / "reports" / "results"
-INVARIANTS_DIR = REPO / "reports" / "invariants"
+RESULTS_DIR = Path("reports") / "results"  # default paths are relative to the working directory (the repository root)
+INVARIANTS_DIR = Path("reports") / "invariants"
 KILL_MATRIX = "kill_matrix.json"
 ABLATIONS_COMMAND = "nox -s ablations -- run --budget {budget} && nox -s ablations -- publish --budget {budget}"
 INVARIANTS_COMMAND = "nox -s invariants -- --model {model}"
@@ -29,9 +28,9 @@ BENCH_COMMAND = "nox -s bench"
 
 
 def shown_path(path: Path) -> str:
-    """A path relative to the repository when it lies inside it, so that committed reports carry no machine's paths."""
-    path = path.resolve()
-    return path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else str(path)
+    """A path relative to the working directory when it lies inside it, so that committed reports carry no machine's paths."""
+    path, here = path.resolve(), Path.cwd().resolve()
+    return path.relative_to(here).as_posix() if path.is_relative_to(here) else str(path)
 
 
 class MissingInput(Exception):

@@ -24,14 +24,14 @@ def test_mutant_fails_every_property_that_should_catch_it(name):
 
 
 def test_every_property_is_killed_by_a_near_miss_mutant():
-    near_misses = {prop for mutant in MUTANTS.values() if not mutant.from_issue for prop in mutant.caught_by}
+    near_misses = {prop for mutant in MUTANTS.values() if not mutant.known_bug for prop in mutant.caught_by}
     killed = {prop for mutant in MUTANTS.values() for prop in mutant.caught_by}
     assert killed == {p.name for p in PROPERTIES}
     assert len(near_misses) >= 15
 
 
 def test_the_issues_thirteen_bugs_are_all_mutants():
-    assert sum(m.from_issue for m in MUTANTS.values()) == 13
+    assert sum(m.known_bug for m in MUTANTS.values()) == 13
 
 
 def test_unknown_or_missing_mutant_name_lists_the_valid_ones():

@@ -86,9 +86,9 @@ def test_info_bad_spec_exits_2_with_one_line():
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: unknown model")
 
 
-def test_readme_worked_example_loads_and_runs(tmp_path):
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    example = next(block for block in readme.split("```python")[1:] if "def make(" in block).split("```")[0]
+def test_documented_worked_adapter_loads_and_runs(tmp_path):
+    page = (Path(__file__).parents[1] / "docs" / "plugging-in.md").read_text()
+    example = next(block for block in page.split("```python")[1:] if "def make(" in block).split("```")[0]
     (tmp_path / "mine.py").write_text(example)
     model = load_model(f"{tmp_path / 'mine.py'}:make,{SMALL}").eval()
     src, tgt = torch.randint(1, 40, (2, 5)), torch.randint(1, 40, (2, 4))
@@ -106,3 +106,40 @@ def test_an_adapter_file_is_imported_once_however_many_models_it_builds(tmp_path
         for n in (1, 2, 3):
             load_model(f"{path}:make,{SMALL},N={n}")
     assert log.read_text().splitlines() == ["imported"]
+
+
+def test_a_name_registered_twice_is_an_error():
+    from model.registry import REGISTRY, register_model
+
+    register_model("test-once", "registered by a test")(lambda config: None)
+    try:
+        with pytest.raises(ValueError, match="model name 'test-once' is already registered"):
+            register_model("test-once", "again")(lambda config: None)
+    finally:
+        del REGISTRY["test-once"]
+
+
+def test_protocol_members_are_read_from_the_protocol_class():
+    from model.protocol import MEMBERS
+
+    methods = {name for name, value in vars(Seq2SeqModel).items() if callable(value) and not name.startswith("_")}
+    assert set(MEMBERS) == {"config", "unsupported"} | methods and len(MEMBERS) == len(set(MEMBERS))
+    assert {"forward", "encode", "decode", "parameter_groups", "train"} <= set(MEMBERS)
+
+
+def test_mutants_are_registered_by_the_invariants_not_named_by_the_model_layer():
+    code = ("import sys; sys.modules['transformers'] = None  # the hf adapter is skipped (it registers no mutant)\n"
+            "from model.registry import registered\nassert 'mutant' not in registered()\n"
+            "import invariants\nfrom model import load_model\nload_model('mutant:no_causal_mask,N=1,d_model=16,d_ff=32,h=2,d_k=8,d_v=8,vocab_size=40')\n"
+            "print(registered()['mutant'].build.__module__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "invariants.mutants"
+
+
+def test_model_list_prints_the_shipped_adapters(capsys):
+    from model.__main__ import main
+
+    assert main(["list"]) == 0
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert names[:2] == ["reference", "torch-nn"] and "mutant" not in names[:5]

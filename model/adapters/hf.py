@@ -27,6 +27,7 @@ from transformers.models.marian.modeling_marian import MarianSinusoidalPositiona
 from model.attention import AttentionRecord, KVCache  # noqa: E402
 from model.config import TransformerConfig  # noqa: E402
 from model.objective import label_smoothed_loss  # noqa: E402
+from model.registry import register_model  # noqa: E402
 
 transformers.logging.set_verbosity_error()  # no notes about tied weights or SDPA fallbacks in the suite's output
 FAMILIES = {"marian": (MarianConfig, MarianMTModel), "bart": (BartConfig, BartForConditionalGeneration)}
@@ -195,10 +196,12 @@ def random_model(family: str, cfg: TransformerConfig, base: dict | None = None) 
     return HFSeq2Seq(hf, cfg.replace(pe="learned") if family == "bart" else cfg)
 
 
+@register_model("hf-marian", "HuggingFace MarianMT, random init at the config")
 def build_marian(config: TransformerConfig) -> HFSeq2Seq:
     return random_model("marian", config)
 
 
+@register_model("hf-bart", "HuggingFace BART, random init at the config")
 def build_bart(config: TransformerConfig) -> HFSeq2Seq:
     return random_model("bart", config)
 
@@ -214,6 +217,7 @@ def transformer_config(hf_cfg) -> TransformerConfig:
     )
 
 
+@register_model("hf", "a HuggingFace model saved with save_pretrained: hf:PATH", takes="path")
 def build_pretrained(path: str | None, changes: dict[str, object]) -> HFSeq2Seq:
     """hf:PATH: the saved model itself, or (with config changes) a random model of its family and config."""
     if not path:

@@ -15,6 +15,7 @@ from model.attention import AttentionRecord, KVCache
 from model.config import TransformerConfig
 from model.layers import PositionalEncoding, embedding_scale
 from model.objective import label_smoothed_loss
+from model.registry import register_model
 
 
 class TorchTransformer(nn.Module):
@@ -114,5 +115,6 @@ class TorchTransformer(nn.Module):
         }
 
 
+@register_model("torch-nn", "torch.nn.Transformer with the paper's embeddings and PE")
 def build(config: TransformerConfig) -> TorchTransformer:
     return TorchTransformer(config)

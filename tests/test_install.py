@@ -1,0 +1,97 @@
+"""A built wheel, installed non-editable, runs from any working directory and finds its paths there, not in the package."""
+import json
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("model", "invariants", "ablations", "reports")
+
+
+REPORT_DATA = {"results", "invariants", "figures", "table3"}  # folders of reports/ that hold outputs, not code
+
+
+def skipped(folder: str, names: list[str]) -> list[str]:
+    """Everything but sources and package data: caches, and the outputs kept beside the reports' code."""
+    here = Path(folder)
+    return [n for n in names if n == "__pycache__" or (here == REPO / "reports" and n in REPORT_DATA)
+            or ((here / n).is_file() and not (n.endswith(".py") or n == "table3.csv"))]
+
+
+def source_copy(dest: Path) -> Path:
+    """The project's sources, so that building the wheel writes nothing (build/, egg-info) into the checkout."""
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, dest / name)
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, dest / package, ignore=skipped)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    src = source_copy(tmp_path_factory.mktemp("src"))
+    out = tmp_path_factory.mktemp("dist")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
+                           "--no-index", "-w", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return next(out.glob("aiayn_harness-*.whl"))
+
+
+@pytest.fixture(scope="module")
+def venv(wheel, tmp_path_factory) -> Path:
+    """A fresh venv holding the wheel; its dependencies come from this venv's site-packages (added as a plain path,
+    so this venv's editable install of the project is not), which keeps the test to seconds and offline."""
+    home = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(home)], check=True, timeout=120)
+    python = home / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "outer_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
+                           str(wheel)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return home
+
+
+def run(venv: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(cwd)}
+    return subprocess.run([str(venv / "bin" / "python"), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_the_wheel_declares_what_the_invariants_import_and_the_console_scripts(wheel):
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+        scripts = zf.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
+    assert "Requires-Dist: hypothesis==" in metadata and "Requires-Dist: torch==2.13.0" in metadata
+    assert {"aiayn-invariants", "aiayn-ablations", "aiayn-reports"} <= {line.split("=")[0].strip() for line in scripts.splitlines()}
+    assert "model/table3.csv" in names
+
+
+def test_installed_package_runs_from_a_working_directory_and_reads_its_paths_there(venv, tmp_path):
+    shutil.copytree(REPO / "reports" / "results" / "smoke", tmp_path / "reports" / "results" / "smoke")
+
+    where = run(venv, tmp_path, "-c", "import model, invariants; print(model.__file__, invariants.__file__)")
+    assert where.returncode == 0, where.stderr
+    assert str(REPO) not in where.stdout and str(venv) in where.stdout  # the installed copy, not the checkout
+
+    listed = run(venv, tmp_path, "-m", "invariants", "--list")
+    assert listed.returncode == 0, listed.stderr
+    assert "causal_future_tokens" in listed.stdout
+
+    info = run(venv, tmp_path, "-m", "model", "info", "reference", "--json")
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)["config"]["d_model"] == 512
+
+    reports = run(venv, tmp_path, "-m", "reports")
+    assert reports.returncode == 0, reports.stderr
+    assert any((tmp_path / "reports" / "table3").glob("*smoke*"))
+    assert (tmp_path / "reports" / "index.html").is_file()
+    assert "wrote reports/" in reports.stdout  # paths shown relative to the working directory
+    assert (venv / "bin" / "aiayn-reports").is_file() and (venv / "bin" / "aiayn-invariants").is_file()

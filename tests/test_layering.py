@@ -1,0 +1,106 @@
+"""Imports flow one way: model <- invariants <- ablations/reports, and no modules import each other in a cycle."""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("model", "invariants", "ablations", "reports")
+FORBIDDEN = {"model": {"invariants", "ablations", "reports"}, "invariants": {"ablations", "reports"}}
+# A string naming a module of another package, as an import path would: "invariants.mutants:build", "reports.figures".
+NAMED = re.compile(rf"^({'|'.join(PACKAGES)})((?:\.\w+)+(?::\w+)?|:\w+)$")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for package in PACKAGES for p in sorted((REPO / package).rglob("*.py"))}
+
+
+def resolve(name: str) -> str | None:
+    """The project module an import names (a submodule if one exists, else its package), or None if outside."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports(module: str) -> set[str]:
+    """Every project module that `module` imports anywhere (top level, inside functions, under TYPE_CHECKING)."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {resolve(alias.name) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found |= {resolve(f"{base}.{alias.name}") for alias in node.names}
+    return found - {None, module}
+
+
+def named_in_strings(module: str) -> set[str]:
+    """Project modules that a string constant in `module` names as an import path (a lazy import by name)."""
+    tree = ast.parse(MODULES[module].read_text())
+    return {resolve(m[0].partition(":")[0]) for node in ast.walk(tree) if isinstance(node, ast.Constant)
+            and isinstance(node.value, str) and (m := NAMED.match(node.value))} - {None}
+
+
+GRAPH = {module: imports(module) for module in MODULES}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each strongly connected group of nodes that import each other (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+                on_stack.discard(group[-1])
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+@pytest.mark.parametrize("lower", sorted(FORBIDDEN))
+def test_a_lower_layer_imports_no_higher_one(lower):
+    bad = [f"{module} -> {target}" for module in MODULES if module.split(".")[0] == lower
+           for target in sorted(GRAPH[module] | named_in_strings(module)) if target.split(".")[0] in FORBIDDEN[lower]]
+    assert not bad, f"{lower}/ must not import {', '.join(sorted(FORBIDDEN[lower]))}: {bad}"
+
+
+def test_no_modules_import_each_other_in_a_cycle():
+    # A package's __init__ re-exporting its submodules is not a cycle of dependence: drop the edges into __init__s.
+    graph = {m: {t for t in targets if MODULES[t].name != "__init__.py"} for m, targets in GRAPH.items()}
+    assert cycles(graph) == []
+
+
+def test_packages_do_not_import_each_other_in_a_cycle():
+    graph = {p: {t.split(".")[0] for m in MODULES if m.split(".")[0] == p for t in GRAPH[m]} - {p} for p in PACKAGES}
+    assert cycles(graph) == []
+
+
+def test_the_walker_sees_a_cycle_and_a_string_import():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert resolve("invariants.mutants") == "invariants.mutants" and resolve("ablations.nope") == "ablations"
+    assert NAMED.match("invariants.mutants:build") and not NAMED.match("reports/results") and not NAMED.match("model")
