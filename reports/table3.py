@@ -141,7 +141,7 @@ class Tally:
 
     def text(self) -> str:
         if not self.judged:
-            return f"no verdict ({self.few_seeds} rows with fewer than {MIN_SEEDS} seeds)" if self.few_seeds else "no rows"
+            return f"no verdict ({count_rows(self.few_seeds)} with fewer than {MIN_SEEDS} seeds)" if self.few_seeds else "no rows"
         few = f", {self.few_seeds} with fewer than {MIN_SEEDS} seeds" if self.few_seeds else ""
         return f"{self.agree} of {self.judged} rows agree ({self.share:.0%}; n.s. {self.not_significant}{few})"
 
@@ -180,3 +180,8 @@ def summarize(table: pd.DataFrame) -> Summary:
     """Tally the PPL and BLEU verdicts; Spearman's rho of our PPL against the paper's."""
     rho, rows = spearman(table["ppl"], table["ppl_paper"])
     return Summary({m: tally(table[f"{m}_agree"]) for m in ("ppl", "bleu")}, rho, rows)
+
+
+def count_rows(n: int) -> str:
+    """'1 row', '3 rows'."""
+    return f"{n} row{'' if n == 1 else 's'}"

@@ -16,7 +16,7 @@ import pandas as pd
 
 from reports.inputs import BudgetResults, shown_path
 from ablations.data import PRESETS
-from reports.table3 import METRICS, PAPER_CONFIG, SIGNIFICANCE, Summary
+from reports.table3 import METRICS, PAPER_CONFIG, SIGNIFICANCE, Summary, count_rows
 
 METRIC_LABEL = {"ppl": "PPL (dev)", "bleu": "BLEU (dev)", "params": "params ×10⁶"}
 DECIMALS = {"ppl": 2, "bleu": 1}  # as the paper prints them
@@ -298,7 +298,7 @@ def headline(results: BudgetResults, table: pd.DataFrame, summary: Summary) -> s
     bleu = "not finished" if base["seeds"] == 0 else _metric_text("bleu", base["bleu"], base["bleu_sd"])
     ppl = summary.tallies["ppl"]
     share = f"{ppl.share:.0%} ({ppl.agree} of {ppl.judged} judged rows)" if ppl.judged else \
-        f"no verdict (fewer than 3 seeds: {ppl.few_seeds} rows)"
+        f"no verdict (fewer than 3 seeds: {count_rows(ppl.few_seeds)})"
     rho = "n/a" if math.isnan(summary.spearman_ppl) else f"{summary.spearman_ppl:.2f} over {summary.spearman_rows} rows"
     return (f"Budget {results.budget}: {sizes}, {data}, {steps}, {seeds}. Base dev BLEU {bleu}. At the final step: "
             f"dev-PPL changes agreeing with the paper {share}; Spearman ρ of dev PPL vs the paper's {rho}.")
