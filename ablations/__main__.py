@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import io
 import re
 import shlex
 import shutil
@@ -18,7 +17,6 @@ from ablations.distributed import check_accumulation, from_environment, main_fir
 from ablations.grid import Grid, prepare_data, run_grid, spec_for
 from ablations.stopping import Stopped, graceful_stops
 from ablations.throughput import choose_threads
-from ablations.train import read_checkpoint
 import invariants.mutants  # noqa: F401  (registers mutant:NAME, so --model mutant:NAME trains a broken model)
 from model import SpecError, count_parameters, load_model
 from model.config import field_names
@@ -206,29 +204,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
         for name in R.PUBLISHED:
             if (final.parent / name).is_file():  # a run that failed before training has no metrics
                 shutil.copyfile(final.parent / name, dest / name)
-        publish_attention_inputs(final.parent, dest, target, Path(args.runs) / "cache")
     table = R.results_table(target / "runs")
     R.write_atomic(target / "results.csv", table.to_csv(index=False))
     print(f"{len(finals)} runs -> {target}/results.csv and {target}/runs/")
     return 0
-
-
-def publish_attention_inputs(run: Path, dest: Path, target: Path, cache: Path) -> None:
-    """For base's runs, the weights (no optimizer state) as model.pt and the shared BPE model beside the results:
-    what `python -m reports` needs to draw the attention maps (reports/attention.py) from the published folder alone."""
-    config = R.read_json(run / R.CONFIG)
-    if not isinstance(config, dict) or config.get("row") != "base" or not (run / R.CHECKPOINT).is_file():
-        return
-    R.put_bytes(dest / "model.pt", _state_dict_bytes(read_checkpoint(run / R.CHECKPOINT)["model"]))
-    bpe = cache / f"bpe-{config['config']['vocab_size']}-{config['data']['bpe']}.model"
-    if bpe.is_file():
-        shutil.copyfile(bpe, target / bpe.name)
-
-
-def _state_dict_bytes(state: dict) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return buffer.getvalue()
 
 
 class OneLineParser(argparse.ArgumentParser):
