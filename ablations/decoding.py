@@ -9,6 +9,7 @@ cannot be beaten by any live one (the tensor2tensor bound), or at its maximum le
 from __future__ import annotations
 
 import warnings
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -33,9 +34,10 @@ def beam_search(model, src: Tensor, src_pad: Tensor, beam: int = 4, alpha: float
     src_lens = (~src_pad).sum(1).tolist()
     limit = model.config.max_len - 1  # positions the decoder can take
     max_len = [min(n + extra_len, limit) for n in src_lens]
-    cache = model.new_cache() if use_cache else None
+    shared = use_cache and getattr(model, "beams_share_memory", False)  # one memory row serves a sentence's K beams
+    cache = model.new_cache(beams=K) if shared else model.new_cache() if use_cache else None
     memory, mem_pad = model.encode(src, src_pad), src_pad
-    if cache is None or not getattr(model, "beams_share_memory", False):  # else one memory row serves a sentence's beams
+    if not shared:
         memory, mem_pad = memory.repeat_interleave(K, dim=0), src_pad.repeat_interleave(K, dim=0)
     tokens = torch.full((B * K, 1), BOS, dtype=torch.long, device=device)
     scores = torch.full((B, K), float("-inf"), device=device)
@@ -101,8 +103,10 @@ def _collect_finished(finished, done, tokens, top_scores, top_beam, is_eos, K: i
 
 
 def translate(model, src_ids: list[list[int]], device: torch.device, max_tokens: int = 2000, beam: int = 4,
-              alpha: float = 0.6, extra_len: int = 50, autocast: torch.dtype | None = None) -> list[list[int]]:
-    """Beam search over many sentences in batches of similar length; results in the input order."""
+              alpha: float = 0.6, extra_len: int = 50, autocast: torch.dtype | None = None,
+              on_batch: Callable[[int], None] | None = None) -> list[list[int]]:
+    """Beam search over many sentences in batches of similar length; results in the input order.
+    on_batch, if given, is called with the number of sentences each batch translated (a progress bar's update)."""
     if not supports_kv_cache(model):
         warnings.warn(f"model has no KV cache ({model.unsupported['kv_cache']}); beam search re-decodes the whole prefix at each step (slower, same result)",
                       stacklevel=2)
@@ -123,5 +127,7 @@ def translate(model, src_ids: list[list[int]], device: torch.device, max_tokens:
             hyps = beam_search(model, src, src.eq(PAD), beam, alpha, extra_len)
         for i, hyp in zip(chosen, hyps):
             out[i] = hyp
+        if on_batch is not None:
+            on_batch(len(chosen))
         start = end
     return out

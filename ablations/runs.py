@@ -32,7 +32,6 @@ from tabulate import tabulate
 CONFIG, METRICS, FINAL, ATTEMPTS, CHECKPOINT = "config.json", "metrics.jsonl", "final.json", "attempts.json", "checkpoint.pt"
 LOCK = ".lock"
 PUBLISHED = (CONFIG, METRICS, FINAL)
-CONFIG_FIELDS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "pe")
 STATUSES = ("finished", "diverged", "failed")
 BUSY = "running elsewhere"  # a run whose lock another process holds
 

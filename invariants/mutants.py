@@ -1,8 +1,9 @@
 """Deliberately broken models: the reference Transformer with one bug each, swapped in through a `Parts` seam
 or a small subclass that overrides one step.
 
-Each is a model spec, `mutant:NAME`, so `nox -s invariants -- --model mutant:no_causal_mask` shows a check
-failing. The first thirteen are bugs that have happened in real code; the rest are near misses, plausible
+Each registers itself with `@register_mutant` on its broken part and is a model spec, `mutant:NAME`, so
+`nox -s invariants -- --model mutant:no_causal_mask` shows a check failing. MUTANTS keeps the order of
+definition: the first thirteen are bugs that have happened in real code; the rest are near misses, plausible
 bugs a person writes that a property must catch (not the property's exact negation), at least one per
 property. `caught_by` names the properties that must fail on the mutant (tests/test_mutants.py asserts it;
 the kill matrices in reports/invariants, at a small and at the base config, show all).
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -27,17 +28,62 @@ from model.transformer import Parts, Transformer, causal_mask
 CAUSAL = ("causal_future_tokens", "causal_jacobian", "causal_future_probs", "cached_decoding")
 
 
-# -- attention --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Mutant:
+    """A registered bug: what it is, the broken part (or subclass) that makes it, and the properties that must fail."""
+
+    bug: str
+    parts: dict[str, Any]
+    caught_by: tuple[str, ...]
+    known_bug: bool = True  # one of the thirteen bugs known from real code
+    model: type[Transformer] = Transformer  # a subclass that overrides one step, for bugs no Parts seam reaches
+
+
+MUTANTS: dict[str, Mutant] = {}  # filled by @register_mutant below, in the order of definition
+
+
+def register_mutant(name: str, bug: str, caught_by: tuple[str, ...], part: str | None = None,
+                    known_bug: bool = True) -> Callable[[Any], Any]:
+    """Decorator registering mutant `name`: the decorated object replaces Parts.<part>, or without `part` it is a
+    Transformer subclass built in the reference's place. A name registered twice is a ValueError."""
+
+    def register(broken: Any) -> Any:
+        if name in MUTANTS:
+            raise ValueError(f"mutant {name!r} is already registered")
+        parts, model = ({part: broken}, Transformer) if part else ({}, broken)
+        MUTANTS[name] = Mutant(bug, parts, caught_by, known_bug, model)
+        return broken
+
+    return register
+
+
 def _scores(q: Tensor, k: Tensor) -> Tensor:
     return q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
 
 
+# -- the thirteen bugs known from real code --------------------------------------------------------
+@register_mutant("causal_off_by_one", bug="causal mask off by one: each target position sees the next",
+                 caught_by=CAUSAL, part="causal_mask")
+def causal_off_by_one(queries: int, keys: int, offset: int, device=None) -> Tensor:
+    """Each query also sees the next position."""
+    return causal_mask(queries, keys, offset + 1, device)
+
+
+@register_mutant("no_causal_mask", bug="no causal mask in the decoder", caught_by=CAUSAL, part="causal_mask")
+def no_causal_mask(queries: int, keys: int, offset: int, device=None) -> Tensor:
+    return torch.ones(queries, keys, dtype=torch.bool, device=device)
+
+
+@register_mutant("mask_after_softmax", bug="mask applied after the softmax",
+                 caught_by=("causal_future_tokens", "causal_jacobian", "softmax_rows"), part="attend")
 def mask_after_softmax(q, k, v, allowed, need_weights):
     """Softmax over every key, then zero the masked ones: rows stop summing to 1 and the future leaks via the sum."""
     probs = torch.softmax(_scores(q, k), dim=-1) * allowed
     return probs @ v, probs if need_weights else None
 
 
+@register_mutant("softmax_wrong_axis", bug="softmax over the query axis",
+                 caught_by=("causal_future_tokens", "causal_jacobian", "softmax_rows"), part="attend")
 def softmax_over_queries(q, k, v, allowed, need_weights):
     """Softmax along the query axis (dim=-2) instead of the key axis."""
     scores = _scores(q, k).masked_fill(~allowed, torch.finfo(q.dtype).min)
@@ -45,6 +91,8 @@ def softmax_over_queries(q, k, v, allowed, need_weights):
     return probs @ v, probs if need_weights else None
 
 
+@register_mutant("no_attention_scaling", bug="attention logits not divided by sqrt(d_k)",
+                 caught_by=("attention_scaling",), part="attend")
 def unscaled_attention(q, k, v, allowed, need_weights):
     """Q K^T without the 1/sqrt(d_k), on both paths."""
     if need_weights:
@@ -52,62 +100,16 @@ def unscaled_attention(q, k, v, allowed, need_weights):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0), None
 
 
-def attention_over_d_k(q, k, v, allowed, need_weights):
-    """Q K^T / d_k: the square root forgotten, on both paths."""
-    if need_weights:
-        return explicit_attention(q / math.sqrt(q.size(-1)), k, v, allowed)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0 / q.size(-1)), None
-
-
-def attention_over_sqrt_d_model(q, k, v, allowed, need_weights):
-    """Q K^T / sqrt(d_model) (= sqrt(h * d_k)): the model width where the head width belongs, on both paths."""
-    d_model = q.size(1) * q.size(-1)
-    if need_weights:
-        return explicit_attention(q * math.sqrt(q.size(-1) / d_model), k, v, allowed)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0 / math.sqrt(d_model)), None
-
-
-def causal_everywhere(q, k, v, allowed, need_weights):
-    """The decoder's causal mask also applied in the encoder and in cross-attention (masks mixed up)."""
-    both = allowed & causal_mask(q.size(-2), k.size(-2), 0, q.device)
-    out, probs = explicit_attention(q, k, v, both)
-    return out, probs if need_weights else None
-
-
-def mask_with_neg_inf(q, k, v, allowed, need_weights):
-    """Masked scores set to -inf: a query with no visible key gets softmax(-inf, ..., -inf) = NaN."""
-    probs = torch.softmax(_scores(q, k).masked_fill(~allowed, float("-inf")), dim=-1)
-    return probs @ v, probs if need_weights else None
-
-
-def fast_path_ignores_mask(q, k, v, allowed, need_weights):
-    """The fused path called without the mask; the explicit path (probabilities requested) is right."""
-    if need_weights:
-        return explicit_attention(q, k, v, allowed)
-    return F.scaled_dot_product_attention(q, k, v), None
-
-
-# -- masks ------------------------------------------------------------------------------------------
-def causal_off_by_one(queries: int, keys: int, offset: int, device=None) -> Tensor:
-    """Each query also sees the next position."""
-    return causal_mask(queries, keys, offset + 1, device)
-
-
-def no_causal_mask(queries: int, keys: int, offset: int, device=None) -> Tensor:
-    return torch.ones(queries, keys, dtype=torch.bool, device=device)
-
-
-def padding_ignored(pad: Tensor) -> Tensor:
-    return torch.ones_like(pad)[:, None, None, :]
-
-
-# -- positional encoding ----------------------------------------------------------------------------
+@register_mutant("pe_concatenated", bug="positional encoding with sin and cos concatenated, not interleaved",
+                 caught_by=("pe_exact_values",), part="position_table")
 def pe_concatenated(positions: int, d_model: int) -> Tensor:
     """[sin ... sin, cos ... cos] instead of sin and cos interleaved."""
     table = sinusoidal_table(positions, d_model)
     return torch.cat([table[:, 0::2], table[:, 1::2]], dim=1)
 
 
+@register_mutant("pe_wrong_exponent", bug="positional encoding with d_model/2 - 1 in the exponent",
+                 caught_by=("pe_exact_values",), part="position_table")
 def pe_wrong_exponent(positions: int, d_model: int) -> Tensor:
     """Frequencies 1/10000^(i/(d_model/2 - 1)) (spread from 1 to 1/10000) instead of 1/10000^(2i/d_model)."""
     p = torch.arange(positions, dtype=torch.float64).unsqueeze(1)
@@ -116,23 +118,20 @@ def pe_wrong_exponent(positions: int, d_model: int) -> Tensor:
     return torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1).flatten(1)
 
 
+@register_mutant("pe_positions_from_one", bug="positional encoding counting positions from 1",
+                 caught_by=("pe_exact_values",), part="position_table")
 def pe_positions_from_one(positions: int, d_model: int) -> Tensor:
     return sinusoidal_table(positions + 1, d_model)[1:]
 
 
-def pe_sin_only(positions: int, d_model: int) -> Tensor:
-    """sin in the odd columns too, where cos belongs (a copy-paste slip): no longer a linear function of the offset."""
-    table = sinusoidal_table(positions, d_model)
-    table[:, 1::2] = table[:, 0::2]
-    return table
+@register_mutant("padding_mask_ignored", bug="padding mask ignored: every key visible",
+                 caught_by=("padding_probs_zero", "padding_invariance"), part="key_mask")
+def padding_ignored(pad: Tensor) -> Tensor:
+    return torch.ones_like(pad)[:, None, None, :]
 
 
-def pe_position_zero(positions: int, d_model: int) -> Tensor:
-    """Every position gets PE(0): position ids left at zero."""
-    return sinusoidal_table(1, d_model).expand(positions, d_model).clone()
-
-
-# -- normalisation and dropout ----------------------------------------------------------------------
+@register_mutant("norm_across_batch", bug="normalisation over the batch and time instead of each position's features",
+                 caught_by=("batch_independence", "padding_invariance"), part="norm")
 class BatchStatisticsNorm(nn.Module):
     """Normalises each feature over batch and time (a batch norm that always uses batch statistics)."""
 
@@ -145,6 +144,13 @@ class BatchStatisticsNorm(nn.Module):
         return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
 
 
+# A plain value, not a function: registered by calling the decorator on it.
+register_mutant("untied_embeddings", bug="source, target and softmax embeddings not tied",
+                caught_by=("params_tied_embeddings", "params_base", "params_table3"), part="tie_embeddings")(False)
+
+
+@register_mutant("dropout_in_eval", bug="dropout left on in eval mode", caught_by=("eval_determinism",),
+                 part="dropout")
 class AlwaysDropout(nn.Dropout):
     """F.dropout(x, p, training=True): the module ignores model.eval()."""
 
@@ -152,6 +158,59 @@ class AlwaysDropout(nn.Dropout):
         return F.dropout(x, self.p, training=True)
 
 
+@register_mutant("loss_over_all_tokens", bug="label-smoothed loss averaged over all tokens, padding included",
+                 caught_by=("loss_pad_normalisation",), part="loss")
+def loss_over_all_tokens(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
+    """Summed over non-pad tokens but divided by every token, padding included."""
+    total = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=pad_id, label_smoothing=eps,
+                            reduction="sum")
+    return total / target.numel()
+
+
+# -- near misses beyond the known bugs: at least one per property, none the check's exact negation ---
+@register_mutant("causal_everywhere", bug="causal mask also applied in the encoder and cross-attention",
+                 caught_by=("permutation_encoder", "permutation_cross_attention"), part="attend", known_bug=False)
+def causal_everywhere(q, k, v, allowed, need_weights):
+    """The decoder's causal mask also applied in the encoder and in cross-attention (masks mixed up)."""
+    both = allowed & causal_mask(q.size(-2), k.size(-2), 0, q.device)
+    out, probs = explicit_attention(q, k, v, both)
+    return out, probs if need_weights else None
+
+
+@register_mutant("pe_position_zero", bug="every position encoded as position 0",
+                 caught_by=("permutation_positive_control", "pe_exact_values"), part="position_table",
+                 known_bug=False)
+def pe_position_zero(positions: int, d_model: int) -> Tensor:
+    """Every position gets PE(0): position ids left at zero."""
+    return sinusoidal_table(1, d_model).expand(positions, d_model).clone()
+
+
+@register_mutant("mask_with_neg_inf", bug="masking with -inf: NaN on a row with nothing to attend to",
+                 caught_by=("fully_padded_rows",), part="attend", known_bug=False)
+def mask_with_neg_inf(q, k, v, allowed, need_weights):
+    """Masked scores set to -inf: a query with no visible key gets softmax(-inf, ..., -inf) = NaN."""
+    probs = torch.softmax(_scores(q, k).masked_fill(~allowed, float("-inf")), dim=-1)
+    return probs @ v, probs if need_weights else None
+
+
+@register_mutant("fast_path_ignores_mask", bug="fused attention path called without the mask",
+                 caught_by=("fast_equals_explicit", "padding_invariance"), part="attend", known_bug=False)
+def fast_path_ignores_mask(q, k, v, allowed, need_weights):
+    """The fused path called without the mask; the explicit path (probabilities requested) is right."""
+    if need_weights:
+        return explicit_attention(q, k, v, allowed)
+    return F.scaled_dot_product_attention(q, k, v), None
+
+
+@register_mutant("dropout_never",
+                 bug="dropout called as F.dropout(x, p, training=False): never applied, also in training",
+                 caught_by=("dropout_active",), part="dropout", known_bug=False)
+def dropout_never(p: float) -> nn.Module:
+    return nn.Identity()
+
+
+@register_mutant("dropout_detaches", bug="hand-written dropout on x.data cuts the gradient",
+                 caught_by=("gradients_reach_all",), part="dropout", known_bug=False)
 class DetachingDropout(nn.Dropout):
     """A hand-written dropout on x.data: right values, but the gradient stops here in training."""
 
@@ -162,7 +221,41 @@ class DetachingDropout(nn.Dropout):
         return x.data * keep / (1 - self.p)
 
 
-# -- near misses that override one step of the reference ---------------------------------------------
+@register_mutant("no_embedding_scale", bug="embeddings not multiplied by sqrt(d_model)",
+                 caught_by=("embedding_scaling",), part="embed_scale", known_bug=False)
+def unscaled_embeddings(d_model: int) -> float:
+    return 1.0
+
+
+# -- near misses: plausible slips, each a little off what its property demands --------------------
+@register_mutant("attention_over_d_k", bug="attention logits divided by d_k instead of sqrt(d_k)",
+                 caught_by=("attention_scaling",), part="attend", known_bug=False)
+def attention_over_d_k(q, k, v, allowed, need_weights):
+    """Q K^T / d_k: the square root forgotten, on both paths."""
+    if need_weights:
+        return explicit_attention(q / math.sqrt(q.size(-1)), k, v, allowed)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0 / q.size(-1)), None
+
+
+@register_mutant("attention_over_sqrt_d_model", bug="attention logits divided by sqrt(d_model) instead of sqrt(d_k)",
+                 caught_by=("attention_scaling",), part="attend", known_bug=False)
+def attention_over_sqrt_d_model(q, k, v, allowed, need_weights):
+    """Q K^T / sqrt(d_model) (= sqrt(h * d_k)): the model width where the head width belongs, on both paths."""
+    d_model = q.size(1) * q.size(-1)
+    if need_weights:
+        return explicit_attention(q * math.sqrt(q.size(-1) / d_model), k, v, allowed)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0 / math.sqrt(d_model)), None
+
+
+@register_mutant("pe_sin_only", bug="positional encoding with sin in the cos columns too",
+                 caught_by=("pe_relative_linearity", "pe_exact_values"), part="position_table", known_bug=False)
+def pe_sin_only(positions: int, d_model: int) -> Tensor:
+    """sin in the odd columns too, where cos belongs (a copy-paste slip): no longer a linear function of the offset."""
+    table = sinusoidal_table(positions, d_model)
+    table[:, 1::2] = table[:, 0::2]
+    return table
+
+
 class OffsetlessEncoding(PositionalEncoding):
     """Positions counted from 0 in every call: cached decoding encodes each new chunk as if it started the sequence."""
 
@@ -170,12 +263,16 @@ class OffsetlessEncoding(PositionalEncoding):
         return super().forward(x, 0)
 
 
+@register_mutant("cache_ignores_offset", bug="cached decoding adds the positions of 0.. to every new chunk",
+                 caught_by=("cached_decoding",), known_bug=False)
 class CacheIgnoresOffset(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)
         self.pe = OffsetlessEncoding(cfg, parts.position_table)
 
 
+@register_mutant("cross_attention_unmasked", bug="source padding masked in the encoder but not in cross-attention",
+                 caught_by=("padding_probs_zero", "padding_invariance"), known_bug=False)
 class CrossAttentionUnmasked(Transformer):
     """The source padding mask reaches the encoder but not cross-attention (memory_key_padding_mask forgotten)."""
 
@@ -183,6 +280,8 @@ class CrossAttentionUnmasked(Transformer):
         return super().decode(tgt, memory, torch.zeros_like(src_pad), tgt_pad, cache)
 
 
+@register_mutant("generator_untied", bug="source and target embeddings tied, the pre-softmax linear not",
+                 caught_by=("params_tied_embeddings", "params_base"), known_bug=False)
 class GeneratorUntied(Transformer):
     """Source and target embeddings shared, but the pre-softmax linear a matrix of its own (the tie forgotten)."""
 
@@ -192,6 +291,8 @@ class GeneratorUntied(Transformer):
         nn.init.xavier_uniform_(self.generator.weight)
 
 
+@register_mutant("encoder_embedding_unscaled", bug="sqrt(d_model) applied in embed() but not on the encoder's path",
+                 caught_by=("embedding_scaling",), known_bug=False)
 class EncoderEmbeddingUnscaled(Transformer):
     """embed() multiplies by sqrt(d_model), the encoder looks its tokens up without it."""
 
@@ -199,6 +300,8 @@ class EncoderEmbeddingUnscaled(Transformer):
         return super().encode(src if src.is_floating_point() else self.src_embed(src), src_pad)
 
 
+@register_mutant("decoder_embedding_unscaled", bug="sqrt(d_model) applied in embed() but not when decode() gets ids",
+                 caught_by=("embedding_scaling",), known_bug=False)
 class DecoderEmbeddingUnscaled(Transformer):
     """embed() multiplies by sqrt(d_model), decode(ids) looks its tokens up without it."""
 
@@ -206,14 +309,8 @@ class DecoderEmbeddingUnscaled(Transformer):
         return super().decode(tgt if tgt.is_floating_point() else self.tgt_embed(tgt), memory, src_pad, tgt_pad, cache)
 
 
-# -- loss -------------------------------------------------------------------------------------------
-def loss_over_all_tokens(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
-    """Summed over non-pad tokens but divided by every token, padding included."""
-    total = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=pad_id, label_smoothing=eps,
-                            reduction="sum")
-    return total / target.numel()
-
-
+@register_mutant("loss_log_of_softmax", bug="loss from log(softmax(x)): infinite at large logits",
+                 caught_by=("loss_eps_zero_is_nll",), part="loss", known_bug=False)
 def loss_log_of_softmax(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
     """log(softmax(x)) instead of log_softmax(x): -inf once a probability underflows."""
     log_p = torch.log(torch.softmax(logits, dim=-1))
@@ -222,86 +319,11 @@ def loss_log_of_softmax(logits: Tensor, target: Tensor, pad_id: int, eps: float)
     return per_token[target != pad_id].mean()
 
 
+@register_mutant("loss_ignores_eps", bug="label smoothing eps never reaches the loss",
+                 caught_by=("loss_smoothed_minimum",), part="loss", known_bug=False)
 def loss_ignores_eps(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
     """The config's eps_ls never reaches the loss."""
     return label_smoothed_loss(logits, target, pad_id, 0.0)
-
-
-@dataclass(frozen=True)
-class Mutant:
-    bug: str
-    parts: dict[str, Any]
-    caught_by: tuple[str, ...]
-    known_bug: bool = True  # one of the thirteen bugs known from real code
-    model: type[Transformer] = Transformer  # a subclass that overrides one step, for bugs no Parts seam reaches
-
-
-def _extra(bug: str, parts: dict[str, Any], caught_by: tuple[str, ...], model: type[Transformer] = Transformer) -> Mutant:
-    return Mutant(bug, parts, caught_by, known_bug=False, model=model)
-
-
-MUTANTS: dict[str, Mutant] = {
-    "causal_off_by_one": Mutant("causal mask off by one: each target position sees the next",
-                                {"causal_mask": causal_off_by_one}, CAUSAL),
-    "no_causal_mask": Mutant("no causal mask in the decoder", {"causal_mask": no_causal_mask}, CAUSAL),
-    "mask_after_softmax": Mutant("mask applied after the softmax", {"attend": mask_after_softmax},
-                                 ("causal_future_tokens", "causal_jacobian", "softmax_rows")),
-    "softmax_wrong_axis": Mutant("softmax over the query axis", {"attend": softmax_over_queries},
-                                 ("causal_future_tokens", "causal_jacobian", "softmax_rows")),
-    "no_attention_scaling": Mutant("attention logits not divided by sqrt(d_k)", {"attend": unscaled_attention},
-                                   ("attention_scaling",)),
-    "pe_concatenated": Mutant("positional encoding with sin and cos concatenated, not interleaved",
-                              {"position_table": pe_concatenated}, ("pe_exact_values",)),
-    "pe_wrong_exponent": Mutant("positional encoding with d_model/2 - 1 in the exponent",
-                                {"position_table": pe_wrong_exponent}, ("pe_exact_values",)),
-    "pe_positions_from_one": Mutant("positional encoding counting positions from 1",
-                                    {"position_table": pe_positions_from_one}, ("pe_exact_values",)),
-    "padding_mask_ignored": Mutant("padding mask ignored: every key visible", {"key_mask": padding_ignored},
-                                   ("padding_probs_zero", "padding_invariance")),
-    "norm_across_batch": Mutant("normalisation over the batch and time instead of each position's features",
-                                {"norm": BatchStatisticsNorm}, ("batch_independence", "padding_invariance")),
-    "untied_embeddings": Mutant("source, target and softmax embeddings not tied", {"tie_embeddings": False},
-                                ("params_tied_embeddings", "params_base", "params_table3")),
-    "dropout_in_eval": Mutant("dropout left on in eval mode", {"dropout": AlwaysDropout}, ("eval_determinism",)),
-    "loss_over_all_tokens": Mutant("label-smoothed loss averaged over all tokens, padding included",
-                                   {"loss": loss_over_all_tokens}, ("loss_pad_normalisation",)),
-    # Near misses beyond the known bugs: at least one per property, none the check's exact negation.
-    "causal_everywhere": _extra("causal mask also applied in the encoder and cross-attention",
-                                {"attend": causal_everywhere}, ("permutation_encoder", "permutation_cross_attention")),
-    "pe_position_zero": _extra("every position encoded as position 0", {"position_table": pe_position_zero},
-                               ("permutation_positive_control", "pe_exact_values")),
-    "mask_with_neg_inf": _extra("masking with -inf: NaN on a row with nothing to attend to",
-                                {"attend": mask_with_neg_inf}, ("fully_padded_rows",)),
-    "fast_path_ignores_mask": _extra("fused attention path called without the mask",
-                                     {"attend": fast_path_ignores_mask}, ("fast_equals_explicit", "padding_invariance")),
-    "dropout_never": _extra("dropout called as F.dropout(x, p, training=False): never applied, also in training",
-                            {"dropout": lambda p: nn.Identity()}, ("dropout_active",)),
-    "dropout_detaches": _extra("hand-written dropout on x.data cuts the gradient", {"dropout": DetachingDropout},
-                               ("gradients_reach_all",)),
-    "no_embedding_scale": _extra("embeddings not multiplied by sqrt(d_model)", {"embed_scale": lambda d: 1.0},
-                                 ("embedding_scaling",)),
-    # Near misses: plausible slips, each a little off what its property demands.
-    "attention_over_d_k": _extra("attention logits divided by d_k instead of sqrt(d_k)", {"attend": attention_over_d_k},
-                                 ("attention_scaling",)),
-    "attention_over_sqrt_d_model": _extra("attention logits divided by sqrt(d_model) instead of sqrt(d_k)",
-                                          {"attend": attention_over_sqrt_d_model}, ("attention_scaling",)),
-    "pe_sin_only": _extra("positional encoding with sin in the cos columns too", {"position_table": pe_sin_only},
-                          ("pe_relative_linearity", "pe_exact_values")),
-    "cache_ignores_offset": _extra("cached decoding adds the positions of 0.. to every new chunk", {},
-                                   ("cached_decoding",), CacheIgnoresOffset),
-    "cross_attention_unmasked": _extra("source padding masked in the encoder but not in cross-attention", {},
-                                       ("padding_probs_zero", "padding_invariance"), CrossAttentionUnmasked),
-    "generator_untied": _extra("source and target embeddings tied, the pre-softmax linear not", {},
-                               ("params_tied_embeddings", "params_base"), GeneratorUntied),
-    "encoder_embedding_unscaled": _extra("sqrt(d_model) applied in embed() but not on the encoder's path", {},
-                                         ("embedding_scaling",), EncoderEmbeddingUnscaled),
-    "decoder_embedding_unscaled": _extra("sqrt(d_model) applied in embed() but not when decode() gets ids", {},
-                                         ("embedding_scaling",), DecoderEmbeddingUnscaled),
-    "loss_log_of_softmax": _extra("loss from log(softmax(x)): infinite at large logits",
-                                  {"loss": loss_log_of_softmax}, ("loss_eps_zero_is_nll",)),
-    "loss_ignores_eps": _extra("label smoothing eps never reaches the loss", {"loss": loss_ignores_eps},
-                               ("loss_smoothed_minimum",)),
-}
 
 
 @register_model("mutant", "a reference model with one known bug: mutant:NAME", takes="name")

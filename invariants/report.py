@@ -5,7 +5,6 @@ import datetime
 import json
 import math
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import torch
 from tabulate import tabulate
 
 from invariants.engine import ERROR, FAIL, NOT_APPLICABLE, PASS, VERDICTS, Result
+from model.provenance import git_commit
 
 MARK = {PASS: "pass", FAIL: "FAIL", NOT_APPLICABLE: "n/a", ERROR: "ERROR"}
 
@@ -21,15 +21,6 @@ MARK = {PASS: "pass", FAIL: "FAIL", NOT_APPLICABLE: "n/a", ERROR: "ERROR"}
 def slug(spec: str) -> str:
     """A file name for a model spec: 'mutant:no_causal_mask' -> 'mutant-no_causal_mask'."""
     return re.sub(r"[^A-Za-z0-9_.]+", "-", spec).strip("-.") or "model"
-
-
-def commit() -> str:
-    """The short HEAD of the working directory's checkout, 'unknown' outside one (an installed package run elsewhere)."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
-        return (out.returncode == 0 and out.stdout.strip()) or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def number(x: float | str | None) -> str:
@@ -70,7 +61,7 @@ def document(spec: str, results: list[Result], profile: str, command: str, secon
     return {
         "model": spec,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit(),
+        "commit": git_commit(),
         "torch": torch.__version__,
         "hypothesis": hypothesis.__version__,
         "profile": profile,

@@ -63,13 +63,14 @@ class KVCache:
 
     Self-attention entries live in buffers that double when full, so that a step writes only its new position
     (no concatenation of the whole past); `kv` holds their filled part. Beam search may pass the memory once per
-    sentence for all of its beams: those cross-attention entries have fewer rows than the decoder, are shared by
-    the beams, and `reorder` leaves them as they are.
+    sentence for all of its `beams` decoder rows: those cross-attention entries then have one row per sentence,
+    are shared by its beams, and `reorder` leaves them as they are.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, beams: int = 1) -> None:
         self.kv: dict[str, tuple[Tensor, Tensor]] = {}
         self.length = 0  # target positions already decoded
+        self.beams = beams  # decoder rows per memory row
         self._buffers: dict[str, tuple[Tensor, Tensor]] = {}  # self-attention storage that kv views
         self._spare: dict[str, tuple[Tensor, Tensor]] = {}  # buffers of the same size that reorder copies into
 
@@ -96,7 +97,6 @@ class KVCache:
 
     def reorder(self, index: Tensor) -> None:
         """Keep decoder rows `index` (beam search drops and duplicates hypotheses, within each sentence)."""
-        rows = next((k.size(0) for name, (k, _) in self.kv.items() if not name.startswith("cross")), None)
         for name, (k, v) in list(self.kv.items()):
             if name in self._buffers:
                 filled = k.size(2)
@@ -107,7 +107,7 @@ class KVCache:
                     torch.index_select(old, 0, index, out=new[:, :, :filled])
                 self._spare[name], self._buffers[name] = self._buffers[name], spare
                 self.kv[name] = (spare[0][:, :, :filled], spare[1][:, :, :filled])
-            elif rows is None or k.size(0) == rows:  # not a memory shared by each sentence's beams
+            elif self.beams == 1 or not name.startswith("cross"):  # not a memory shared by each sentence's beams
                 self.kv[name] = (k.index_select(0, index), v.index_select(0, index))
 
 
@@ -142,14 +142,14 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: Tensor, source: Tensor, allowed: Tensor, cache: KVCache | None = None) -> Tensor:
         """Queries from x (B, T_q, d_model), keys and values from source (B, T_k, d_model).
 
-        Beam search may give source one row per sentence and x `beams` rows per sentence: each sentence's beams
-        then attend as beams * T_q queries of one row (B / beams, h, beams * T_q, T_k), so the keys and values
-        are computed, cached and read once per sentence, not once per beam.
+        With a cache of `beams` > 1, cross-attention's source has one row per sentence and x `beams` rows: each
+        sentence's beams then attend as beams * T_q queries of one row (B / beams, h, beams * T_q, T_k), so the keys
+        and values are computed, cached and read once per sentence, not once per beam.
         """
         q = self._heads(self.w_q(x))
         k, v = self._keys_values(source, cache)
         B, _, T, _ = q.shape
-        beams = B // k.size(0) if B % k.size(0) == 0 else 1
+        beams = cache.beams if cache is not None and self.kind == "cross" else 1
         if beams > 1:
             q = q.unflatten(0, (-1, beams)).transpose(1, 2).flatten(2, 3)
         out, probs = self.attend(q, k, v, allowed, self.records is not None)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Callable, Iterator
 
 import torch
@@ -24,6 +24,17 @@ def sinusoidal_table(positions: int, d_model: int) -> Tensor:
     table = torch.empty(positions, d_model, dtype=torch.float64)
     table[:, 0::2], table[:, 1::2] = torch.sin(angle), torch.cos(angle)
     return table
+
+
+@contextmanager
+def temporarily(obj: object, name: str, value: object) -> Iterator[None]:
+    """Set obj.name to value for the duration of a with-block, then put the old value back."""
+    before = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, before)
 
 
 class PositionalEncoding(nn.Module):
@@ -53,14 +64,9 @@ class PositionalEncoding(nn.Module):
             raise ValueError(f"sequence of {offset + T} positions exceeds max_len={self.table_len()}; raise max_len")
         return x + self.table(offset + T)[offset:].to(x.dtype)
 
-    @contextmanager
-    def switched(self, enabled: bool) -> Iterator[None]:
+    def switched(self, enabled: bool) -> AbstractContextManager[None]:
         """Switch the encoding on or off for the duration of a with-block."""
-        before, self.enabled = self.enabled, enabled
-        try:
-            yield
-        finally:
-            self.enabled = before
+        return temporarily(self, "enabled", enabled)
 
     def table_len(self) -> int:
         return self.fixed.size(0) if self.kind == "sinusoidal" else self.learned.num_embeddings

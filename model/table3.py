@@ -9,7 +9,7 @@ import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from model.config import TransformerConfig
+from model.config import TransformerConfig, parse_overrides
 
 TABLE3_CSV = Path(__file__).with_name("table3.csv")
 CONFIG_COLUMNS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "pe")
@@ -29,12 +29,6 @@ class Table3Row:
         return base.replace(**self.changes)
 
 
-def _typed(column: str, text: str) -> object:
-    if column == "pe":
-        return text
-    return float(text) if column in ("P_drop", "eps_ls") else int(text)
-
-
 def table3_rows() -> list[Table3Row]:
     """The 20 rows of Table 3 in the paper's order."""
     with TABLE3_CSV.open(newline="") as f:
@@ -45,7 +39,7 @@ def table3_rows() -> list[Table3Row]:
         group = rec["group"]
         counts[group] = counts.get(group, 0) + 1
         name = group if group in ("base", "big") else f"{group}{counts[group]}"
-        changes = {c: _typed(c, rec[c]) for c in CONFIG_COLUMNS if rec[c].strip()}
+        changes = parse_overrides({c: rec[c] for c in CONFIG_COLUMNS if rec[c].strip()})
         changes = {c: v for c, v in changes.items() if getattr(base, c) != v}
         params = rec["params_millions"].strip()
         rows.append(Table3Row(

@@ -56,7 +56,7 @@ class Parts:
 class Transformer(nn.Module):
     """Encoder-decoder with one embedding matrix shared by source, target and the pre-softmax linear."""
 
-    beams_share_memory = True  # decode takes the memory once per sentence for several decoder rows (beam search)
+    beams_share_memory = True  # with new_cache(beams), decode takes the memory once per sentence for its beams' rows
 
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__()
@@ -121,8 +121,8 @@ class Transformer(nn.Module):
     def loss(self, logits: Tensor, target: Tensor) -> Tensor:
         return self.parts.loss(logits, target, self.config.pad_id, self.config.eps_ls)
 
-    def new_cache(self) -> KVCache:
-        return KVCache()
+    def new_cache(self, beams: int = 1) -> KVCache:
+        return KVCache(beams)
 
     # -- what the checks inspect ---------------------------------------------------------------
     @contextmanager

@@ -12,12 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from model.table3 import Table3Row, table3_rows
+from model.table3 import CONFIG_COLUMNS, Table3Row, table3_rows
 
-PAPER_CONFIG = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls")  # the paper's configuration columns
-CONFIG = (*PAPER_CONFIG, "pe")  # pe is row E's change, printed by the paper as text across the columns
+# The paper's configuration columns; pe is row E's change, printed by the paper as text across the columns.
+PAPER_CONFIG = tuple(c for c in CONFIG_COLUMNS if c != "pe")
 METRICS = ("ppl", "bleu", "params")
-OURS_COLUMN = {"ppl": "dev_ppl", "bleu": "bleu", "params": "params"}  # column of the results table
 AGREE, DISAGREE, NOT_SIGNIFICANT, NOT_COMPARABLE = "yes", "no", "n.s.", "—"
 MIN_SEEDS = 3  # fewer finished seeds on either side of a change: no verdict
 SE_MULTIPLE = 2.0  # a change counts beyond this many standard errors of the difference of two means
@@ -92,8 +91,8 @@ def _config(row: Table3Row, runs: pd.DataFrame, base: dict[str, object]) -> dict
     """The configuration a row ran with: our runs' fields (a budget may scale them); a row not run shows the paper's
     changes on top of our base configuration."""
     mine = runs[runs["row"] == row.name]
-    if len(mine) and all(c in mine for c in CONFIG):
-        config = {c: mine.iloc[0][c] for c in CONFIG}
+    if len(mine) and all(c in mine for c in CONFIG_COLUMNS):
+        config = {c: mine.iloc[0][c] for c in CONFIG_COLUMNS}
     else:
         config = {**base, **row.changes}
     steps = mine["steps"].dropna() if "steps" in mine else pd.Series(dtype=float)
@@ -109,8 +108,8 @@ def compare(runs: pd.DataFrame, rows: list[Table3Row] | None = None) -> pd.DataF
     rows = rows or table3_rows()
     ours = _ours(runs).reindex([r.name for r in rows])
     base_row = next(r for r in rows if r.name == "base")
-    paper_base = {c: getattr(base_row.config(), c) for c in CONFIG}
-    base_config = {c: v for c, v in _config(base_row, runs, paper_base).items() if c in CONFIG}
+    paper_base = {c: getattr(base_row.config(), c) for c in CONFIG_COLUMNS}
+    base_config = {c: v for c, v in _config(base_row, runs, paper_base).items() if c in CONFIG_COLUMNS}
     table = pd.DataFrame([{"row": r.name, "group": r.group, **_config(r, runs, base_config),
                            "paper_steps": r.train_steps, "ppl_paper": r.paper_ppl, "bleu_paper": r.paper_bleu,
                            "params_paper": math.nan if r.paper_params_millions is None else r.paper_params_millions}

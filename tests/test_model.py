@@ -150,7 +150,7 @@ def test_beams_reading_one_memory_row_per_sentence_decode_as_with_the_memory_rep
     memory, beams = model.encode(src, src_pad), 2
     rows = torch.arange(3).repeat_interleave(beams)  # decoder rows 0, 1 read sentence 0, and so on
     tokens, no_pad = tgt[rows], torch.zeros(3 * beams, 1, dtype=torch.bool)
-    shared, repeated = model.new_cache(), model.new_cache()
+    shared, repeated = model.new_cache(beams), model.new_cache()
     for t in range(tokens.size(1)):
         a = model.decode(tokens[:, t : t + 1], memory, src_pad, no_pad, shared)
         b = model.decode(tokens[:, t : t + 1], memory[rows], src_pad[rows], no_pad, repeated)

@@ -12,7 +12,7 @@ BART adds a LayerNorm on the embeddings and learns its positions.
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download at run time
@@ -26,6 +26,7 @@ from transformers.models.marian.modeling_marian import MarianSinusoidalPositiona
 
 from model.attention import AttentionRecord, KVCache  # noqa: E402
 from model.config import TransformerConfig  # noqa: E402
+from model.layers import temporarily  # noqa: E402
 from model.objective import label_smoothed_loss  # noqa: E402
 from model.registry import register_model  # noqa: E402
 
@@ -144,13 +145,8 @@ class HFSeq2Seq(nn.Module):
         offset = getattr(table, "offset", 0)  # BART keeps two unused rows in front
         return table.weight[offset:offset + positions]
 
-    @contextmanager
-    def positional_encoding(self, enabled: bool) -> Iterator[None]:
-        before, self._positions_on = self._positions_on, enabled
-        try:
-            yield
-        finally:
-            self._positions_on = before
+    def positional_encoding(self, enabled: bool) -> AbstractContextManager[None]:
+        return temporarily(self, "_positions_on", enabled)
 
     def embedding_weights(self) -> dict[str, Tensor]:
         return {"source": self.encoder.embed_tokens.weight, "target": self.decoder.embed_tokens.weight,
