@@ -14,13 +14,13 @@ from ablations import runs as R
 from ablations.budgets import BUDGETS, Budget, budget, row_config, select_rows
 from ablations.data import ENV_VAR, PRESETS, DataError, data_dir
 from ablations.distributed import check_accumulation, from_environment, main_first, setup, teardown
-from ablations.grid import Grid, prepare_data, run_grid, spec_for
+from ablations.grid import Grid, prepare_data, run_grid
 from ablations.stopping import Stopped, graceful_stops
 from ablations.throughput import choose_threads
 import invariants.mutants  # noqa: F401  (registers mutant:NAME, so --model mutant:NAME trains a broken model)
 from model import SpecError, count_parameters, load_model
 from model.config import field_names
-from model.registry import default_spec, lookup, parse_spec
+from model.registry import ModelSpec, default_spec, lookup, parse_spec
 
 DEFAULT_RUNS = Path("runs")  # relative to the working directory, like every default path
 
@@ -81,9 +81,9 @@ def check_runs_folder(runs: Path) -> None:
         raise ValueError(f"--runs {runs}: cannot write there ({exc.strerror or exc}); give a writable folder") from None
 
 
-def check_model(spec: str, b: Budget, preset: str) -> None:
+def check_model(parsed: ModelSpec, b: Budget, preset: str) -> None:
     """The spec builds the grid's base row and its parameter_groups() work; overrides the grid would drop are refused."""
-    parsed = parse_spec(spec)
+    spec = str(parsed)
     rows_set = sorted(set(parsed.overrides) & set(field_names()))
     if rows_set:
         raise ValueError(f"--model {spec}: the grid sets {', '.join(rows_set)} per Table 3 row (every model config field "
@@ -95,7 +95,7 @@ def check_model(spec: str, b: Budget, preset: str) -> None:
     base = select_rows("base")[0]
     vocab = b.vocab_size or PRESETS[preset].vocab_size
     try:
-        model = load_model(spec_for(spec, row_config(base, b, vocab)))
+        model = load_model(parsed.with_config(row_config(base, b, vocab)))
     except SpecError:
         raise
     except Exception as exc:  # noqa: BLE001 - a plugged-in model may raise anything on import or construction
@@ -122,7 +122,7 @@ def check_run_args(args: argparse.Namespace) -> Budget:
     resolve_device(args.device)
     data_dir(args.data)
     check_runs_folder(Path(args.runs))
-    check_model(args.model, b, args.preset or b.preset)
+    check_model(parse_spec(args.model), b, args.preset or b.preset)
     return b
 
 
@@ -152,7 +152,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if ranks.main:
                 print(f"budget {b.name}{scaled}, {len(rows)} rows x {len(seeds)} seeds, model {args.model}, device {device}{parallel}; "
                       f"{data.summary}", file=sys.stderr)
-            grid = Grid(b, rows, seeds, args.model, Path(args.runs), device, args.accumulation, args.max_attempts, ranks)
+            grid = Grid(b, rows, seeds, parse_spec(args.model), Path(args.runs), device, args.accumulation, args.max_attempts, ranks)
             outcomes = run_grid(grid, data)
         except Stopped as stop:
             if ranks.main:

@@ -7,30 +7,12 @@ batches is a function of (seed, epoch) alone, so a stream's position is two inte
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ablations.bpe import BOS, EOS, PAD
-
-
-@dataclass(frozen=True)
-class Batch:
-    """Padded tensors for teacher forcing: the decoder reads tgt_in (BOS + y) and predicts tgt_out (y + EOS)."""
-
-    src: Tensor  # (B, S) ids
-    tgt_in: Tensor  # (B, T)
-    tgt_out: Tensor  # (B, T)
-    src_pad: Tensor  # (B, S) bool, True at padding
-    tgt_pad: Tensor  # (B, T)
-    src_tokens: int  # non-pad positions
-    tgt_tokens: int
-
-    def to(self, device: torch.device) -> Batch:
-        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
-        return Batch(move(self.src), move(self.tgt_in), move(self.tgt_out), move(self.src_pad), move(self.tgt_pad),
-                     self.src_tokens, self.tgt_tokens)
+from model.batch import Batch
 
 
 def _pad(rows: list[list[int]]) -> Tensor:
@@ -41,10 +23,11 @@ def _pad(rows: list[list[int]]) -> Tensor:
 
 
 def make_batch(src: list[list[int]], tgt: list[list[int]]) -> Batch:
-    """A batch from source ids (already ending in EOS) and bare target ids."""
+    """A teacher-forcing batch from source ids (already ending in EOS) and bare target ids: the decoder reads
+    BOS + y and predicts y + EOS."""
     s = _pad(src)
-    t_in, t_out = _pad([[BOS] + t for t in tgt]), _pad([t + [EOS] for t in tgt])
-    return Batch(s, t_in, t_out, s.eq(PAD), t_out.eq(PAD), int(s.ne(PAD).sum()), int(t_out.ne(PAD).sum()))
+    t_in, labels = _pad([[BOS] + t for t in tgt]), _pad([t + [EOS] for t in tgt])
+    return Batch(s, t_in, s.eq(PAD), labels.eq(PAD), labels)
 
 
 def bucketed_batches(src_lens: list[int], tgt_lens: list[int], max_tokens: int, seed: int, epoch: int) -> list[list[int]]:

@@ -21,7 +21,7 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -30,17 +30,19 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ablations import peers
-from ablations.batching import Batch, BatchStream
+from ablations.batching import BatchStream
+from model.batch import Batch
 from ablations.bpe import EOS, PAD
 from ablations.budgets import SCALED_FIELDS, budget
 from ablations.data import data_dir
 from ablations.decoding import beam_search
-from ablations.grid import git_commit, prepare_data
+from ablations.grid import prepare_data
 from ablations.throughput import choose_threads, gemm_flops, throughput
 from ablations.train import ADAM_BETAS, ADAM_EPS, make_optimizer, train_step
 from model import Parts, Transformer, TransformerConfig, count_parameters, load_model
 from model.attention import explicit_attention
-from model.config import parse_overrides
+from model.provenance import git_commit
+from model.registry import ModelSpec, parse_config_overrides
 
 SCALE = 8  # the CPU budget's sizes
 
@@ -77,7 +79,7 @@ VARIANTS = [
     Variant(UNDONE + "torch's default thread count", Transformer, default_threads=True),
     Variant(UNDONE + "all of the above", lambda c: Transformer(c, Parts(attend=fused_attention, loss=torch_cross_entropy)),
             foreach=False, default_threads=True),
-    Variant("torch.nn.Transformer adapter", lambda c: load_model(",".join(["torch-nn", *(f"{k}={v}" for k, v in c.to_dict().items())]))),
+    Variant("torch.nn.Transformer adapter", lambda c: load_model(ModelSpec("torch-nn").with_config(c))),
     Variant("HF MarianMT, same dims", peers.hf_marian),
 ]
 
@@ -249,8 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(Path("reports") / "bench.md"))
     args = parser.parse_args(argv)
     try:
-        pairs = dict(item.split("=", 1) for item in args.config.split(",") if item)
-        base = TransformerConfig().replace(**parse_overrides(pairs))
+        base = TransformerConfig().replace(**parse_config_overrides(args.config, "--config"))
         sizes = {"base": base, "scaled": scaled(base, args.vocab)}
         chosen = [s.strip() for s in args.sizes.split(",") if s.strip()]
         if not chosen or set(chosen) - set(sizes):

@@ -34,8 +34,8 @@ def perplexity(model, src: list[list[int]], tgt: list[list[int]], device: torch.
         for chosen in batches:
             batch = make_batch([src[i] for i in chosen], [tgt[i] for i in chosen]).to(device)
             with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-                logits = model(batch.src, batch.tgt_in, batch.src_pad, batch.tgt_pad)
-            mean_nll = label_smoothed_loss(logits if autocast is None else logits.float(), batch.tgt_out, model.config.pad_id, 0.0)
+                logits = batch.forward(model)
+            mean_nll = label_smoothed_loss(logits if autocast is None else logits.float(), batch.labels, model.config.pad_id, 0.0)
             total_nll += mean_nll.item() * batch.tgt_tokens
             total_tokens += batch.tgt_tokens
             bar.update(len(chosen))
@@ -64,25 +64,7 @@ def dev_bleu(model, sp: spm.SentencePieceProcessor, src: list[list[int]], refere
     """Beam-search the dev sources (max_tokens source tokens a batch), detokenise, score against the raw references.
 
     With `progress` (a label), a bar shows sentences translated, sentences/s and the time left."""
-    hyps: list[list[int]] = [[] for _ in src]
     with tqdm(total=len(src), desc=f"{progress}: beam search", unit="sent", leave=False, dynamic_ncols=True,
               disable=progress is None) as bar:
-        for chosen in translation_batches(src, max_tokens):
-            for i, hyp in zip(chosen, translate(model, [src[i] for i in chosen], device, max_tokens, beam, alpha, extra_len, autocast)):
-                hyps[i] = hyp
-            bar.update(len(chosen))
+        hyps = translate(model, src, device, max_tokens, beam, alpha, extra_len, autocast, on_batch=bar.update)
     return bleu(sp.decode(hyps), references)
-
-
-def translation_batches(src: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """The batches `translate` forms itself (by length, at most max_tokens source positions each), so that translating
-    them one at a time, to show progress, gives the same batches and hence the same hypotheses as one call."""
-    order = sorted(range(len(src)), key=lambda i: len(src[i]))
-    batches, start = [], 0
-    while start < len(order):
-        end = start + 1  # sorted by length: the last sentence taken is the longest
-        while end < len(order) and (end - start + 1) * len(src[order[end]]) <= max_tokens:
-            end += 1
-        batches.append(order[start:end])
-        start = end
-    return batches

@@ -32,7 +32,7 @@ from ablations.data import DataError, data_dir
 from ablations.grid import Grid, PreparedData, prepare_data, run_directory
 from ablations.jobs import Job
 from ablations.stopping import Stopped, graceful_stops
-from model import SpecError
+from model import SpecError, parse_spec
 
 NARROWED = ("--rows", "--seeds")  # the fan-out sets these itself, once per run
 
@@ -116,7 +116,7 @@ def summary(args: argparse.Namespace, jobs: list[Job], data: PreparedData, devic
     `device` is the jobs' device type (it is part of a run's identity: bf16 and compilation on a GPU).
     """
     rows = {row.name: row for row in select_rows(args.rows)}
-    grid = Grid(budget_from(args), list(rows.values()), parse_seeds(args.seeds), args.model, Path(args.runs), device,
+    grid = Grid(budget_from(args), list(rows.values()), parse_seeds(args.seeds), parse_spec(args.model), Path(args.runs), device,
                 args.accumulation, args.max_attempts)
     directories = [run_directory(grid, rows[job.row], job.seed, data) for job in jobs]
     text = R.summary(directories)

@@ -6,7 +6,6 @@ retries failed ones up to `max_attempts` times in all, and never overwrites a fi
 from __future__ import annotations
 
 import datetime
-import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -27,8 +26,9 @@ from ablations.distributed import SINGLE, Ranks, from_main
 from ablations.evaluate import dev_bleu, perplexity
 from ablations.throughput import gemm_flops, throughput
 from ablations.train import Diverged, TrainSettings, train
-from model import TransformerConfig, count_parameters, load_model
+from model import ModelSpec, count_parameters, load_model
 from model.params import training_flops
+from model.provenance import git_commit
 from model.table3 import Table3Row
 
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}  # dense, per GPU
@@ -73,17 +73,12 @@ def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: 
     )
 
 
-def spec_for(spec: str, cfg: TransformerConfig) -> str:
-    """The user's spec with every field of the row's config appended as an override (later overrides win)."""
-    return ",".join([spec, *(f"{k}={v}" for k, v in cfg.to_dict().items())])
-
-
 @dataclass(frozen=True)
 class Grid:
     budget: Budget
     rows: list[Table3Row]
     seeds: list[int]
-    model_spec: str
+    model_spec: ModelSpec
     runs: Path
     device: torch.device
     accumulation: int | None = None
@@ -105,26 +100,12 @@ def peak_flops(device: torch.device) -> float | None:
     return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
 
 
-def git_commit() -> str | None:
-    """HEAD of the working directory's checkout, with '+dirty' when its model or runner differ from it (uncommitted
-    code produced the numbers); None outside a checkout (an installed package run elsewhere)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", ":/model", ":/ablations"], capture_output=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    commit = head.stdout.strip()
-    return (commit + ("+dirty" if dirty.returncode == 1 else "")) or None
-
-
 def run_identity(grid: Grid, row: Table3Row, seed: int, data: PreparedData) -> dict:
     """Everything that makes a run what it is (its config.json); a hash of it names the run's directory."""
     b = grid.budget
     settings = settings_for(row, b, grid.device, grid.accumulation)
     return {"row": row.name, "group": row.group, "seed": seed, "budget": b.name, "preset": data.preset,
-            "scaled": b.scaled, "model_spec": grid.model_spec, "config": row_config(row, b, data.sp.get_piece_size()).to_dict(),
+            "scaled": b.scaled, "model_spec": str(grid.model_spec), "config": row_config(row, b, data.sp.get_piece_size()).to_dict(),
             "train": settings.to_dict(), "data": {"bpe": data.bpe_key, "max_train_pairs": b.max_train_pairs, "dev_pairs": b.dev_pairs}}
 
 
@@ -198,7 +179,7 @@ def train_and_score(grid: Grid, row: Table3Row, seed: int, data: PreparedData, d
     label = f"{row.name} s{seed}"
     try:
         torch.manual_seed(seed)
-        model = load_model(spec_for(grid.model_spec, cfg)).to(grid.device)
+        model = load_model(grid.model_spec.with_config(cfg)).to(grid.device)
         counts = count_parameters(model.parameter_groups())
         final["params"] = counts["total"]
         stream = BatchStream(data.train_src, data.train_tgt, settings.micro_tokens, seed)

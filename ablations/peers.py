@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ablations.bpe import EOS, PAD
-from model import TransformerConfig, load_model
+from model import ModelSpec, TransformerConfig, load_model
 
 MISSING = "skipped: pip install .[bench]"
 Decoder = Callable[[Tensor, int, int], None]  # (src ids (B, S) without padding, beam, output length) -> None
@@ -23,7 +23,7 @@ Decoder = Callable[[Tensor, int, int], None]  # (src ids (B, S) without padding,
 def hf_marian(cfg: TransformerConfig) -> torch.nn.Module | None:
     """HF MarianMT at cfg behind the protocol (random init), or None without transformers."""
     try:
-        return load_model(",".join(["hf-marian", *(f"{k}={v}" for k, v in cfg.to_dict().items())]))
+        return load_model(ModelSpec("hf-marian").with_config(cfg))
     except ValueError as exc:  # the registry's "pip install .[hf]" for a missing library
         if "pip install" in str(exc):
             return None

@@ -25,7 +25,8 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ablations.batching import Batch, BatchStream
+from ablations.batching import BatchStream
+from model.batch import Batch
 from ablations import stopping
 from ablations.distributed import SINGLE, Ranks, first_signal, shard, step_seed, sum_over_ranks, wrap
 from ablations.evaluate import perplexity
@@ -114,8 +115,8 @@ def train_step(model: Callable[..., Tensor], loss_fn: Callable[[Tensor, Tensor],
         last = i == len(micro_batches) - 1  # DDP all-reduces the accumulated gradients once, after the last backward
         with model.no_sync() if ranks.parallel and not last else nullcontext():
             with torch.autocast(device_type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-                logits = model(b.src, b.tgt_in, b.src_pad, b.tgt_pad)
-            loss = loss_fn(logits if autocast is None else logits.float(), b.tgt_out)  # the loss in fp32 under autocast
+                logits = b.forward(model)
+            loss = loss_fn(logits if autocast is None else logits.float(), b.labels)  # the loss in fp32 under autocast
             (loss * (b.tgt_tokens * ranks.world / total)).backward()
         loss_sum += loss.detach() * b.tgt_tokens
     optimizer.step()

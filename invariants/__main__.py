@@ -19,7 +19,7 @@ from invariants import killmatrix, profiles, report
 from invariants.engine import ERROR, FAIL, NOT_APPLICABLE
 from invariants.mutants import MUTANTS
 from invariants.suite import PROPERTIES, run_suite, select
-from model.registry import SpecError, default_spec
+from model.registry import SpecError, default_spec, parse_config_overrides, parse_spec
 
 DEFAULT_OUT = Path("reports/invariants")
 # Mutants run at a small config: the matrix takes minutes instead of an hour; --mutant-overrides "" for base.
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--replay needs --only with exactly one property (the one the line came from)")
         if args.kill_matrix:
             return kill_matrix(args, settings, profile_name, command)
-        spec = args.model or default_spec()
+        spec = parse_spec(args.model or default_spec())
         start = time.perf_counter()
         results = run_suite(spec, properties, settings, args.seed, replay, progress=True, profile=profile_name)
     except (SpecError, ValueError) as exc:
@@ -91,19 +91,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     seconds = time.perf_counter() - start
     print(report.summary_table(results))
-    doc = report.document(spec, results, profile_name, command, seconds)
+    doc = report.document(str(spec), results, profile_name, command, seconds)
     json_path, md_path = report.write(doc, args.out)
     failed = [r for r in results if r.verdict in (FAIL, ERROR)]
     for r in failed:
         print(f"\n{report.MARK[r.verdict]} {r.name}: {r.reason}\n  replay: {r.reproduce}")
-    print("\n" + report.summary_line(spec, results, seconds, profile_name) + f"; report {md_path} and {json_path}")
+    print("\n" + report.summary_line(str(spec), results, seconds, profile_name) + f"; report {md_path} and {json_path}")
     skipped = [r for r in results if r.verdict == NOT_APPLICABLE]
     return 1 if failed or (args.strict and skipped) else 0
 
 
 def kill_matrix(args: argparse.Namespace, settings, profile_name: str, command: str) -> int:
-    docs = killmatrix.run_mutants(args.out, settings, profile_name, args.mutant_overrides, args.fresh, command)
-    kill = killmatrix.matrix(docs, command, args.mutant_overrides)
+    overrides = parse_config_overrides(args.mutant_overrides, "--mutant-overrides")
+    docs = killmatrix.run_mutants(args.out, settings, profile_name, overrides, args.fresh, command)
+    kill = killmatrix.matrix(docs, command, overrides)
     json_path, md_path = killmatrix.write(kill, args.out)
     missed = [m for m, caught in kill["caught"].items() if not caught]
     print(f"{len(kill['mutants']) - len(missed)} of {len(kill['mutants'])} mutants caught; {md_path} and {json_path}")

@@ -16,7 +16,8 @@ from invariants import tolerances as tol
 from invariants.cases import Case, batch_cases, pinned_cases
 from invariants.causal import capturing, exact_difference
 from invariants.engine import invariant
-from invariants.subject import Batch, Subject, make_batch, relative_error, seeded
+from invariants.subject import OWN_CONFIG, Overrides, Subject, random_batch, relative_error, seeded
+from model.batch import Batch
 
 GROUP = "6 expected behaviour"
 
@@ -123,7 +124,7 @@ def fast_equals_explicit(subject: Subject, case: Case) -> float:
 INFORMATIVE = 1e-250  # float64 probabilities above this have an exact, finite log; exp underflows near 1e-308
 
 
-def logit_spread(subject: Subject, config: str, seed: int) -> float:
+def logit_spread(subject: Subject, config: Overrides, seed: int) -> float:
     """Mean over query rows of the std of the attention logits, recovered from captured probabilities of the last encoder layer.
 
     log p_j = s_j - logsumexp(s) recovers the logits up to a row constant, but only where p_j > 0: a saturated
@@ -132,7 +133,7 @@ def logit_spread(subject: Subject, config: str, seed: int) -> float:
     before the attention), so its scale does not depend on how the model scales its embeddings.
     """
     model = subject.model(config)
-    batch = make_batch(model.config, 4, 16, 2, False, seed)
+    batch = random_batch(model.config, 4, 16, 2, False, seed)
     model.eval()
     with model.attention_probs() as records:
         model.encode(batch.src, batch.src_pad)
@@ -149,11 +150,11 @@ def logit_spread(subject: Subject, config: str, seed: int) -> float:
     return var[rows].sqrt().mean().item()
 
 
-@invariant(GROUP, tol.SCALING, pinned=lambda s: [("", 0)],
-           cases=lambda s: st.tuples(st.sampled_from([32, 64]).map(lambda d: f"d_model={d},d_ff=64,max_len=128"),
+@invariant(GROUP, tol.SCALING, pinned=lambda s: [(OWN_CONFIG, 0)],
+           cases=lambda s: st.tuples(st.sampled_from([32, 64]).map(lambda d: {"d_model": d, "d_ff": 64, "max_len": 128}),
                                      st.integers(0, 2**16)),
            needs=("attention_probs",))
-def attention_scaling(subject: Subject, config_seed: tuple[str, int]) -> float:
+def attention_scaling(subject: Subject, config_seed: tuple[Overrides, int]) -> float:
     """Attention logits are scaled by 1/sqrt(d_k): at init their spread is the same for d_k=d_model and d_k=4 (paper, section 3.2.1).
 
     Both configs project to h * d_k = d_model, so q and k have entries of the same size and q.k grows like
@@ -161,10 +162,10 @@ def attention_scaling(subject: Subject, config_seed: tuple[str, int]) -> float:
     them differ by a factor sqrt(d_model/4) (>= 2.8 at d_model=32, 11 at the base 512). Measured as |log2| of the ratio.
     """
     config, seed = config_seed
-    d = int(config.split("d_model=")[1].split(",")[0]) if config else subject.config.d_model
-    common = f"{config + ',' if config else ''}N=2,vocab_size=100"
-    wide = logit_spread(subject, f"{common},h=1,d_k={d},d_v={d}", seed)
-    narrow = logit_spread(subject, f"{common},h={d // 4},d_k=4,d_v=4", seed)
+    d = config.get("d_model", subject.config.d_model)
+    common = {**config, "N": 2, "vocab_size": 100}
+    wide = logit_spread(subject, {**common, "h": 1, "d_k": d, "d_v": d}, seed)
+    narrow = logit_spread(subject, {**common, "h": d // 4, "d_k": 4, "d_v": 4}, seed)
     ratio = wide / narrow
     return abs(math.log2(ratio)) if math.isfinite(ratio) and ratio > 0 else float("inf")
 

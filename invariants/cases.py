@@ -6,25 +6,27 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from invariants.subject import Batch, Subject, make_batch
+from invariants.subject import OWN_CONFIG, Overrides, Subject, random_batch
+from model.batch import Batch
+from model.registry import format_config_overrides
 
-# A small config is key=value overrides appended to the spec, so it works for any adapter that honours
+# A small config is config overrides set on top of the spec, so it works for any adapter that honours
 # the config. h * d_k == h * d_v == d_model keeps it buildable by torch.nn.Transformer too.
 SMALL_MAX_LEN = 128
 
 
 @st.composite
-def small_configs(draw: st.DrawFn) -> str:
+def small_configs(draw: st.DrawFn) -> Overrides:
     h, d_k = draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([4, 8]))
     N, d_ff, vocab = draw(st.integers(1, 2)), draw(st.sampled_from([16, 32, 64])), draw(st.sampled_from([23, 50]))
-    return f"N={N},d_model={h * d_k},h={h},d_k={d_k},d_v={d_k},d_ff={d_ff},vocab_size={vocab},max_len={SMALL_MAX_LEN}"
+    return {"N": N, "d_model": h * d_k, "h": h, "d_k": d_k, "d_v": d_k, "d_ff": d_ff, "vocab_size": vocab, "max_len": SMALL_MAX_LEN}
 
 
 @dataclass(frozen=True)
 class Case:
-    """One batch through one model: config overrides ("" = the spec's own), shape, padding, mode, capture, seed."""
+    """One batch through one model: config overrides ({} = the spec's own), shape, padding, mode, capture, seed."""
 
-    config: str
+    config: Overrides
     batch: int
     src_len: int
     tgt_len: int
@@ -34,11 +36,11 @@ class Case:
     seed: int
 
     def make_batch(self, subject: Subject, distinct: bool = False) -> Batch:
-        return make_batch(subject.model(self.config).config, self.batch, self.src_len, self.tgt_len, self.padded,
+        return random_batch(subject.model(self.config).config, self.batch, self.src_len, self.tgt_len, self.padded,
                           self.seed, distinct)
 
     def __repr__(self) -> str:
-        config = self.config or "the spec's own config"
+        config = format_config_overrides(self.config) or "the spec's own config"
         flags = [name for name in ("padded", "train", "capture") if getattr(self, name)]
         return (f"Case({config}; B={self.batch} S={self.src_len} T={self.tgt_len}"
                 f"{' ' if flags else ''}{' '.join(flags)} seed={self.seed})")
@@ -71,4 +73,4 @@ def pinned_cases(subject: Subject, train=(False, True), capture=(False, True), p
     combos = list(itertools.product(train, capture, padded))
     if sum(len(flag) > 1 for flag in (train, capture, padded)) >= 2:
         combos = [combo for combo in combos if sum(combo) % 2 == 0]
-    return [Case("", 2, src_len, tgt_len, p, t, c, seed) for seed, (t, c, p) in enumerate(combos)]
+    return [Case(OWN_CONFIG, 2, src_len, tgt_len, p, t, c, seed) for seed, (t, c, p) in enumerate(combos)]

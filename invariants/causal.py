@@ -14,7 +14,8 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import Case, batch_cases, pinned_cases
 from invariants.engine import invariant
-from invariants.subject import Batch, Subject, relative_error, seeded
+from invariants.subject import Subject, relative_error, seeded
+from model.batch import Batch
 
 GROUP = "1 causal mask"
 

@@ -126,7 +126,7 @@ def run(prop: Property, subject: Subject, settings: hypothesis.settings | None =
     settings = suite_settings(settings or profiles.profile(profiles.default_name()))
     if seed is None and not settings.derandomize:
         seed = random.getrandbits(32)
-    command = f"python -m invariants --model '{subject.spec}' --only {prop.name}"
+    command = f"python -m invariants --model '{subject.name}' --only {prop.name}"
     command += f" --profile {profile or 'ci'}" if settings.derandomize else f"{' --profile ' + profile if profile else ''} --seed {seed}"
     try:
         if prop.cases is None:  # a fixed set of cases: nothing for hypothesis to draw

@@ -17,22 +17,25 @@ from tqdm import tqdm
 from invariants import report
 from invariants.engine import ERROR, FAIL, NOT_APPLICABLE
 from invariants.mutants import MUTANTS
+from invariants.subject import OWN_CONFIG, Overrides
 from invariants.suite import PROPERTIES, run_suite
+from model.provenance import git_commit
+from model.registry import ModelSpec, format_config_overrides
 
 CELL = {FAIL: "x", NOT_APPLICABLE: "-", "pass": ".", ERROR: "E"}
 
 
-def mutant_spec(name: str, overrides: str) -> str:
-    return f"mutant:{name}{',' + overrides if overrides else ''}"
+def mutant_spec(name: str, overrides: Overrides) -> ModelSpec:
+    return ModelSpec("mutant", name, overrides)
 
 
-def run_mutants(out: Path, settings: hypothesis.settings, profile: str, overrides: str = "", fresh: bool = False,
+def run_mutants(out: Path, settings: hypothesis.settings, profile: str, overrides: Overrides = OWN_CONFIG, fresh: bool = False,
                 command: str = "") -> list[dict[str, Any]]:
     """Run (or reuse) the report of every mutant; returns their report documents."""
     docs = []
     for name in tqdm(MUTANTS, desc="mutants", unit="mutant"):
         spec = mutant_spec(name, overrides)
-        path = out / "mutants" / f"{report.slug(spec)}.json"
+        path = out / "mutants" / f"{report.slug(str(spec))}.json"
         if path.exists() and not fresh:
             doc = json.loads(path.read_text())
             if doc.get("profile") == profile and [p["name"] for p in doc["properties"]] == [p.name for p in PROPERTIES]:
@@ -40,13 +43,13 @@ def run_mutants(out: Path, settings: hypothesis.settings, profile: str, override
                 continue
         start = time.perf_counter()
         results = run_suite(spec, settings=settings, profile=profile)
-        doc = report.document(spec, results, profile, command, time.perf_counter() - start)
+        doc = report.document(str(spec), results, profile, command, time.perf_counter() - start)
         report.write(doc, out / "mutants")
         docs.append(doc)
     return docs
 
 
-def matrix(docs: list[dict[str, Any]], command: str, overrides: str = "") -> dict[str, Any]:
+def matrix(docs: list[dict[str, Any]], command: str, overrides: Overrides = OWN_CONFIG) -> dict[str, Any]:
     names = [doc["model"].split(":", 1)[1].split(",")[0] for doc in docs]
     verdicts = {name: {p["name"]: p["verdict"] for p in doc["properties"]} for name, doc in zip(names, docs)}
     return {
@@ -56,9 +59,9 @@ def matrix(docs: list[dict[str, Any]], command: str, overrides: str = "") -> dic
         "caught": {name: any(v == FAIL for v in verdicts[name].values()) for name in names},
         "known_bug": {name: MUTANTS[name].known_bug for name in names},
         "specs": {name: doc["model"] for name, doc in zip(names, docs)},
-        "config": overrides,
+        "config": format_config_overrides(overrides),
         "command": command,
-        "commit": report.commit(),
+        "commit": git_commit(),
     }
 
 

@@ -15,10 +15,11 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import small_configs
 from invariants.engine import invariant
-from invariants.subject import Subject, relative_error, right_padding
+from invariants.subject import Overrides, Subject, relative_error, right_padding
+from model.protocol import Seq2SeqModel
 
 GROUP = "6 loss"
-PINNED_CONFIG = "N=1,d_model=8,h=2,d_k=4,d_v=4,d_ff=16,vocab_size=50,max_len=128"
+PINNED_CONFIG = {"N": 1, "d_model": 8, "h": 2, "d_k": 4, "d_v": 4, "d_ff": 16, "vocab_size": 50, "max_len": 128}
 EXTREME = 1e4  # logits this large underflow exp() in a naive log(softmax(.)), even in float64
 
 
@@ -30,14 +31,14 @@ def logits_and_target(vocab: int, seed: int, scale: float = 1.0, padded: bool = 
     return logits, target.masked_fill(right_padding(3, 5, padded, gen), 0)
 
 
-def model_at(subject: Subject, config: str, eps: float):
+def model_at(subject: Subject, config: Overrides, eps: float) -> Seq2SeqModel:
     """The subject at a small config with label smoothing eps (pad_id 0, as the synthetic targets use)."""
-    return subject.model(f"{config},eps_ls={eps},pad_id=0")
+    return subject.model({**config, "eps_ls": eps, "pad_id": 0})
 
 
 @invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=lambda s: [(PINNED_CONFIG, 0, 1.0), (PINNED_CONFIG, 1, EXTREME)],
            cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16), st.sampled_from([1.0, 100.0, EXTREME])))
-def loss_eps_zero_is_nll(subject: Subject, case: tuple[str, int, float]) -> float:
+def loss_eps_zero_is_nll(subject: Subject, case: tuple[Overrides, int, float]) -> float:
     """With eps_ls=0 the loss is the NLL averaged over non-pad tokens, finite also at logits of 1e4 (paper, section 5.4; user-observable finiteness)."""
     config, seed, scale = case
     model = model_at(subject, config, 0.0)
@@ -54,7 +55,7 @@ def smoothed_target(target: Tensor, vocab: int, eps: float) -> Tensor:
 @invariant(GROUP, tol.ANALYTIC, pinned=lambda s: [(PINNED_CONFIG, 0, 0.1)],
            cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16),
                                      st.floats(0.01, 0.5).map(lambda e: round(e, 3))))
-def loss_smoothed_minimum(subject: Subject, case: tuple[str, int, float]) -> float:
+def loss_smoothed_minimum(subject: Subject, case: tuple[Overrides, int, float]) -> float:
     """The loss is minimal where softmax(logits) is the smoothed target: zero gradient there, value its entropy (paper, section 5.4)."""
     config, seed, eps = case
     model = model_at(subject, config, eps)
@@ -71,7 +72,7 @@ def loss_smoothed_minimum(subject: Subject, case: tuple[str, int, float]) -> flo
 
 @invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=lambda s: [(PINNED_CONFIG, 0)],
            cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)))
-def loss_pad_normalisation(subject: Subject, case: tuple[str, int]) -> float:
+def loss_pad_normalisation(subject: Subject, case: tuple[Overrides, int]) -> float:
     """The loss is averaged over non-pad target tokens: appending padded positions (any logits) changes nothing (user-observable)."""
     config, seed = case
     model = model_at(subject, config, model_eps(subject))

@@ -21,8 +21,9 @@ PAPER_BASE = 65e6
 SIZE_FIELDS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "pe", "vocab_size", "share_embeddings")
 
 
-def as_overrides(cfg: TransformerConfig) -> str:
-    return ",".join(f"{name}={getattr(cfg, name)}" for name in SIZE_FIELDS)
+def as_overrides(cfg: TransformerConfig) -> dict[str, object]:
+    """cfg's fields that set the parameter count."""
+    return {name: getattr(cfg, name) for name in SIZE_FIELDS}
 
 
 def counted(subject: Subject, cfg: TransformerConfig) -> int:
@@ -70,5 +71,5 @@ def params_tied_embeddings(subject: Subject, _: None) -> float:
 
     Measured as the number of distinct storages beyond the first among the three matrices.
     """
-    weights = subject.model("").embedding_weights()
+    weights = subject.model().embedding_weights()
     return len({w.untyped_storage().data_ptr() for w in weights.values()}) - 1

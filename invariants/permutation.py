@@ -11,7 +11,8 @@ import torch
 from invariants import tolerances as tol
 from invariants.cases import Case, batch_cases, pinned_cases
 from invariants.engine import invariant
-from invariants.subject import Batch, Subject, relative_error
+from invariants.subject import Subject, relative_error
+from model.batch import Batch
 
 GROUP = "2 permutation"
 

@@ -20,7 +20,7 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import small_configs
 from invariants.engine import NotApplicable, invariant
-from invariants.subject import Subject
+from invariants.subject import OWN_CONFIG, Overrides, Subject
 
 GROUP = "4 positional encoding"
 POSITIONS = 1024  # rows of the table examined (fewer if max_len is smaller)
@@ -28,7 +28,7 @@ ROWS_PER_DIM = 1.5  # a linear fit needs at least this many equations per unknow
 SINUSOID_COLUMNS = 1e-3  # median column-recurrence residual below which a table counts as sinusoidal
 
 
-def table(subject: Subject, config: str) -> Tensor:
+def table(subject: Subject, config: Overrides) -> Tensor:
     model = subject.model(config)
     return model.positional_table(min(model.config.max_len, POSITIONS)).detach().double()
 
@@ -58,7 +58,7 @@ def fit_offsets(pe: Tensor) -> int:
     return pe.size(0) - int(ROWS_PER_DIM * pe.size(1))
 
 
-def judged_table(subject: Subject, config: str) -> Tensor:
+def judged_table(subject: Subject, config: Overrides) -> Tensor:
     """The table at config, or NotApplicable when it is not sinusoidal (measured) or too short to fit."""
     pe = table(subject, config)
     positions, d_model = pe.shape
@@ -78,8 +78,8 @@ def offsets(subject: Subject) -> st.SearchStrategy:
     return st.tuples(small_configs(), st.integers(1, 64))
 
 
-@invariant(GROUP, tol.PE_VALUES, pinned=lambda s: [("", 1), ("", 17)], cases=offsets, needs=("positional_table",))
-def pe_relative_linearity(subject: Subject, config_offset: tuple[str, int]) -> float:
+@invariant(GROUP, tol.PE_VALUES, pinned=lambda s: [(OWN_CONFIG, 1), (OWN_CONFIG, 17)], cases=offsets, needs=("positional_table",))
+def pe_relative_linearity(subject: Subject, config_offset: tuple[Overrides, int]) -> float:
     """For each offset k one linear map takes PE(p) to PE(p+k) at every p, in any column layout (paper, section 3.5).
 
     Measured as the relative residual of M_k fitted by least squares over at least 1.5 x d_model positions.
@@ -106,9 +106,9 @@ def layout_note(values: Tensor, expected: Tensor) -> str:
     return ""
 
 
-@invariant(GROUP, tol.PE_VALUES, pinned=lambda s: [("", 0), ("", 1)],
+@invariant(GROUP, tol.PE_VALUES, pinned=lambda s: [(OWN_CONFIG, 0), (OWN_CONFIG, 1)],
            cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)), needs=("positional_table",))
-def pe_exact_values(subject: Subject, config_seed: tuple[str, int]) -> tuple[float, str]:
+def pe_exact_values(subject: Subject, config_seed: tuple[Overrides, int]) -> tuple[float, str]:
     """PE[p, 2i] = sin(p / 10000^(2i/d_model)) and PE[p, 2i+1] = cos(...), interleaved, from p = 0 (paper, section 3.5)."""
     config, seed = config_seed
     pe = judged_table(subject, config)

@@ -17,7 +17,8 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import Case, batch_cases, pinned_cases
 from invariants.engine import invariant
-from invariants.subject import Batch, Subject, seeded
+from invariants.subject import Subject, seeded
+from model.batch import Batch
 
 GROUP = "3 softmax rows"
 EXTREME = 1e4  # decoder inputs scaled to norm ~1e4 * sqrt(d_model): scores overflow a naive float32 softmax

@@ -1,23 +1,26 @@
-"""The model under test: built from a spec (or a factory), at the spec's own config or a small override of it.
+"""The model under test: built from a spec (or a factory), at the spec's own config or with config fields overridden.
 
-Checks ask for `subject.model(config, dtype)`; config is "" for the spec itself (the 65M base model
-by default) or key=value overrides appended to the spec ("N=1,d_model=16,..."), which works for
-registered models and user adapters alike. Models are built with a fixed seed, so runs repeat.
+Checks ask for `subject.model(overrides, dtype)`; overrides are config fields set on top of the spec
+({} for the spec itself, the 65M base model by default; {"N": 1, "d_model": 16, ...} for a small one),
+which works for registered models and user adapters alike. Models are built with a fixed seed, so runs repeat.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Callable, Iterator, Mapping, Union
 
 import torch
 from torch import Tensor
 
-from model.config import TransformerConfig, parse_overrides, preset
+from model.batch import Batch
+from model.config import TransformerConfig, preset
 from model.protocol import Seq2SeqModel
-from model.registry import SpecError, load_model
+from model.registry import ModelSpec, SpecError, load_model, parse_spec
 
 Factory = Callable[[TransformerConfig], Seq2SeqModel]
+Overrides = Mapping[str, object]  # config fields set on top of the spec's own config
+OWN_CONFIG: Overrides = MappingProxyType({})  # no overrides: the spec's own config
 INIT_SEED = 0
 
 
@@ -32,58 +35,46 @@ def seeded(seed: int) -> Iterator[None]:
 class Subject:
     """A model spec (or factory) and the models built from it, cached by (config overrides, dtype)."""
 
-    def __init__(self, model: Union[str, Factory]) -> None:
-        self.spec = model if isinstance(model, str) else getattr(model, "__qualname__", repr(model))
-        self._factory = None if isinstance(model, str) else model
-        self._models: dict[tuple[str, torch.dtype], Seq2SeqModel] = {}
+    def __init__(self, model: Union[ModelSpec, str, Factory]) -> None:
+        if isinstance(model, str):
+            model = parse_spec(model)
+        self.spec: ModelSpec | None = model if isinstance(model, ModelSpec) else None
+        self.name = str(model) if self.spec else getattr(model, "__qualname__", repr(model))
+        self._factory = None if self.spec else model
+        self._models: dict[tuple[tuple, torch.dtype], Seq2SeqModel] = {}
         try:
             with torch.device("meta"):  # validates the spec without allocating weights
-                first = self.build("")
+                first = self.build(OWN_CONFIG)
         except Exception:  # some adapters cannot be built on meta; a bad spec raises SpecError here
-            first = self.model("", torch.float32)
+            first = self.model(OWN_CONFIG, torch.float32)
         self.config: TransformerConfig = first.config
         self.unsupported: Mapping[str, str] = dict(first.unsupported)
 
-    def spec_with(self, config: str) -> str:
-        return f"{self.spec},{config}" if config else self.spec
-
-    def build(self, config: str) -> Seq2SeqModel:
-        """A fresh model at config (uncached, on the current default device)."""
-        if self._factory is None:
-            return load_model(self.spec_with(config))
-        pairs = dict(pair.split("=", 1) for pair in config.split(",")) if config else {}
+    def build(self, overrides: Overrides) -> Seq2SeqModel:
+        """A fresh model with these config overrides (uncached, on the current default device)."""
+        if self.spec is not None:
+            return load_model(self.spec.with_overrides(overrides))
         try:
-            cfg = preset("base").replace(**parse_overrides(pairs))
+            cfg = preset("base").replace(**overrides)
         except ValueError as exc:
-            raise SpecError(f"model {self.spec}: {exc}") from None
+            raise SpecError(f"model {self.name}: {exc}") from None
         return self._factory(cfg)
 
-    def model(self, config: str = "", dtype: torch.dtype = torch.float64) -> Seq2SeqModel:
-        """The model at config ("" = the spec's own), in dtype, built once with a fixed init seed."""
-        key = (config, dtype)
+    def model(self, overrides: Overrides = OWN_CONFIG, dtype: torch.dtype = torch.float64) -> Seq2SeqModel:
+        """The model with these config overrides ({} = the spec's own), in dtype, built once with a fixed init seed."""
+        key = (tuple(overrides.items()), dtype)
         if key not in self._models:
             if len(self._models) > 64:  # small configs are cheap to rebuild; keep the big ones
                 for k in [k for k in self._models if k[0]][:32]:
                     del self._models[k]
             with seeded(INIT_SEED):
-                self._models[key] = self.build(config).to(dtype)
+                self._models[key] = self.build(overrides).to(dtype)
         return self._models[key]
 
     def lacks(self, *capabilities: str) -> str | None:
         """The reason the model lacks one of these capabilities, or None if it has them all."""
         missing = [f"{cap}: {self.unsupported[cap]}" for cap in capabilities if cap in self.unsupported]
         return "; ".join(missing) or None
-
-
-@dataclass(frozen=True)
-class Batch:
-    src: Tensor  # (B, S) token ids
-    tgt: Tensor  # (B, T)
-    src_pad: Tensor  # (B, S) bool, True at padding
-    tgt_pad: Tensor  # (B, T)
-
-    def forward(self, model: Seq2SeqModel) -> Tensor:
-        return model(self.src, self.tgt, self.src_pad, self.tgt_pad)
 
 
 def tokens(cfg: TransformerConfig, shape: tuple[int, ...], gen: torch.Generator, distinct: bool = False) -> Tensor:
@@ -105,7 +96,7 @@ def right_padding(batch: int, length: int, padded: bool, gen: torch.Generator) -
     return pad
 
 
-def make_batch(cfg: TransformerConfig, batch: int, src_len: int, tgt_len: int, padded: bool, seed: int,
+def random_batch(cfg: TransformerConfig, batch: int, src_len: int, tgt_len: int, padded: bool, seed: int,
                distinct: bool = False) -> Batch:
     """A random batch whose pad positions hold pad_id; row 0 is never padded."""
     gen = torch.Generator().manual_seed(seed)

@@ -38,7 +38,7 @@ def run_suite(model: str | Factory | Subject, properties: list[Property] | None 
     """Run properties (default: all) against one model; a bad spec raises model.SpecError before any runs."""
     subject = model if isinstance(model, Subject) else Subject(model)
     results = []
-    bar = tqdm(properties or PROPERTIES, desc=subject.spec, unit="property", disable=not progress, leave=False)
+    bar = tqdm(properties or PROPERTIES, desc=subject.name, unit="property", disable=not progress, leave=False)
     for prop in bar:
         bar.set_postfix_str(prop.name)
         results.append(prop(subject, settings=settings, seed=seed, replay=replay, profile=profile))

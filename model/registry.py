@@ -21,9 +21,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from model.config import TransformerConfig, parse_overrides, preset
 from model.protocol import Seq2SeqModel, missing_members
@@ -112,36 +112,64 @@ class SpecError(ValueError):
 
 
 @dataclass(frozen=True)
-class Spec:
-    text: str
-    target: str  # a builtin name, a .py path or a module
-    variant: str | None  # preset or mutant name for builtins, the factory for user adapters
-    overrides: dict[str, str]
+class ModelSpec:
+    """A model to build, as typed values: a registered name, a .py file or a module; the part after ':' (a preset,
+    a mutant, a path or a factory); config overrides applied on top. str() gives the text form parse_spec reads."""
+
+    target: str
+    variant: str | None = None
+    overrides: Mapping[str, object] = field(default_factory=dict)
+
+    def with_overrides(self, changes: Mapping[str, object]) -> ModelSpec:
+        """The same model with more config fields set (later values win)."""
+        return replace(self, overrides={**self.overrides, **changes})
+
+    def with_config(self, cfg: TransformerConfig) -> ModelSpec:
+        """The same model at every field of cfg."""
+        return self.with_overrides(cfg.to_dict())
+
+    def __str__(self) -> str:
+        head = f"{self.target}:{self.variant}" if self.variant else self.target
+        return ",".join(filter(None, [head, format_config_overrides(self.overrides)]))
 
 
 def default_spec() -> str:
     return os.environ.get(ENV_VAR) or DEFAULT_SPEC
 
 
-def parse_spec(text: str) -> Spec:
-    head, *pairs = [part.strip() for part in text.strip().split(",")]
-    target, _, variant = head.partition(":")
-    overrides: dict[str, str] = {}
-    for pair in pairs:
+def format_config_overrides(overrides: Mapping[str, object]) -> str:
+    """Overrides as the 'key=value,...' text that parse_config_overrides reads back."""
+    return ",".join(f"{key}={value}" for key, value in overrides.items())
+
+
+def parse_config_overrides(text: str, where: str = "") -> dict[str, object]:
+    """Typed config fields from 'key=value,key=value' ('' gives {}); a bad pair is a SpecError naming `where`."""
+    raw: dict[str, str] = {}
+    for pair in filter(None, (part.strip() for part in text.split(","))):
         key, eq, value = pair.partition("=")
         if not eq or not key.strip():
-            raise SpecError(f"model spec {text!r}: override {pair!r} is not key=value")
-        overrides[key.strip()] = value.strip()
+            raise SpecError(f"{where or repr(text)}: override {pair!r} is not key=value")
+        raw[key.strip()] = value.strip()
+    try:
+        return parse_overrides(raw)
+    except ValueError as exc:
+        raise SpecError(f"{where or repr(text)}: {exc}") from None
+
+
+def parse_spec(text: str) -> ModelSpec:
+    """The one parser of spec strings (CLI, nox posargs, AIAYN_MODEL, config.json); a bad one is a SpecError."""
+    head, _, pairs = text.strip().partition(",")
+    target, _, variant = head.strip().partition(":")
     if not target:
         raise SpecError(f"model spec {text!r} is empty; try 'reference' or 'path/to/file.py:factory'")
-    return Spec(text, target, variant or None, overrides)
+    return ModelSpec(target, variant or None, parse_config_overrides(pairs, f"model spec {text!r}"))
 
 
-def _import(target: str, attr: str, spec: Spec) -> Callable:
+def _import(target: str, attr: str, spec: ModelSpec) -> Callable:
     if target.endswith(".py"):
         path = Path(target)
         if not path.is_file():
-            raise SpecError(f"model spec {spec.text!r}: no file {path}")
+            raise SpecError(f"model spec {str(spec)!r}: no file {path}")
         module = _FILES.get(path.resolve())
         if module is None:
             module_spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -149,28 +177,27 @@ def _import(target: str, attr: str, spec: Spec) -> Callable:
             try:
                 module_spec.loader.exec_module(module)
             except Exception as exc:
-                raise SpecError(f"model spec {spec.text!r}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
+                raise SpecError(f"model spec {str(spec)!r}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
             _FILES[path.resolve()] = module
     else:
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
             if exc.name in OPTIONAL:
-                raise SpecError(f"model spec {spec.text!r} needs {exc.name}, which is not installed: "
+                raise SpecError(f"model spec {str(spec)!r} needs {exc.name}, which is not installed: "
                                 f"pip install .[{OPTIONAL[exc.name]}]") from None
-            raise SpecError(f"model spec {spec.text!r}: {target!r} is neither a registered model ({_unknown()}) nor an importable module ({exc})") from exc
+            raise SpecError(f"model spec {str(spec)!r}: {target!r} is neither a registered model ({_unknown()}) nor an importable module ({exc})") from exc
     if not hasattr(module, attr):
-        raise SpecError(f"model spec {spec.text!r}: {target} has no factory {attr!r}")
+        raise SpecError(f"model spec {str(spec)!r}: {target} has no factory {attr!r}")
     return getattr(module, attr)
 
 
-def load_model(text: str | None = None) -> Seq2SeqModel:
-    """Build the model a spec names; any problem is a SpecError with a one-line message."""
-    spec = parse_spec(text or default_spec())
-    try:
-        changes = parse_overrides(spec.overrides)
-    except ValueError as exc:
-        raise SpecError(f"model spec {spec.text!r}: {exc}") from None
+def load_model(spec: ModelSpec | str | None = None) -> Seq2SeqModel:
+    """Build the model a spec names (a string is parsed first; None is $AIAYN_MODEL or reference); any problem is
+    a SpecError with a one-line message."""
+    if not isinstance(spec, ModelSpec):
+        spec = parse_spec(spec or default_spec())
+    changes = dict(spec.overrides)
     entry = lookup(spec.target)
     if entry is not None:
         try:
@@ -181,7 +208,7 @@ def load_model(text: str | None = None) -> Seq2SeqModel:
             else:
                 model = entry.build(preset("base").replace(**changes), spec.variant)
         except (ValueError, KeyError) as exc:
-            raise SpecError(f"model spec {spec.text!r}: {exc}") from None
+            raise SpecError(f"model spec {str(spec)!r}: {exc}") from None
     else:
         if spec.variant is None:
             raise SpecError(f"unknown model {spec.target!r}; {_unknown()}; or give path/to/file.py:factory or package.module:factory")
@@ -189,8 +216,8 @@ def load_model(text: str | None = None) -> Seq2SeqModel:
         try:
             model = factory(TransformerConfig().replace(**changes))
         except Exception as exc:
-            raise SpecError(f"model spec {spec.text!r}: factory {spec.variant} raised {type(exc).__name__}: {exc}") from exc
+            raise SpecError(f"model spec {str(spec)!r}: factory {spec.variant} raised {type(exc).__name__}: {exc}") from exc
     missing = missing_members(model)
     if missing:
-        raise SpecError(f"model spec {spec.text!r}: the object built lacks protocol members {', '.join(missing)} (see model/protocol.py)")
+        raise SpecError(f"model spec {str(spec)!r}: the object built lacks protocol members {', '.join(missing)} (see model/protocol.py)")
     return model

@@ -22,9 +22,8 @@ import sentencepiece as spm  # noqa: E402
 import torch  # noqa: E402
 
 from ablations.bpe import EOS  # noqa: E402
-from ablations.grid import spec_for  # noqa: E402
 from ablations.train import CorruptCheckpoint, read_checkpoint  # noqa: E402
-from model import Seq2SeqModel, SpecError, TransformerConfig, load_model  # noqa: E402
+from model import Seq2SeqModel, SpecError, TransformerConfig, load_model, parse_spec  # noqa: E402
 from reports.inputs import MissingInput, shown_path  # noqa: E402
 
 SENTENCE = "A boy wearing headphones sits on a woman's shoulders."  # Multi30k val, line 3 (the English source side)
@@ -67,7 +66,7 @@ def load_trained(run_dir: Path, bpe_dirs: list[Path]) -> TrainedModel:
         raise MissingInput(f"no BPE model {name} in {shown_path(run_dir)} or {', '.join(shown_path(d) for d in bpe_dirs)}")
     weights = _weights(run_dir)
     try:
-        model = load_model(spec_for(config.get("model_spec") or "reference", TransformerConfig(**config["config"])))
+        model = load_model(parse_spec(config.get("model_spec") or "reference").with_config(TransformerConfig(**config["config"])))
         model.load_state_dict(weights)
     except (SpecError, RuntimeError) as exc:
         raise MissingInput(f"the weights in {shown_path(run_dir)} do not load into its model ({str(exc).splitlines()[0]})") from None

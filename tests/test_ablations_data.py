@@ -117,8 +117,8 @@ def test_batch_order_changes_from_epoch_to_epoch():
 
 def test_batch_adds_bos_to_the_decoder_input_and_eos_to_the_target():
     batch = make_batch([[5, 6, EOS], [7, EOS]], [[8, 9, 10], [11]])
-    assert batch.tgt_in.tolist() == [[BOS, 8, 9, 10], [BOS, 11, PAD, PAD]]
-    assert batch.tgt_out.tolist() == [[8, 9, 10, EOS], [11, EOS, PAD, PAD]]
+    assert batch.tgt.tolist() == [[BOS, 8, 9, 10], [BOS, 11, PAD, PAD]]
+    assert batch.labels.tolist() == [[8, 9, 10, EOS], [11, EOS, PAD, PAD]]
     assert batch.src_pad.tolist() == [[False] * 3, [False, False, True]]
     assert (batch.src_tokens, batch.tgt_tokens) == (5, 6)
 

@@ -11,9 +11,8 @@ import torch
 from ablations import runs as R
 from ablations.budgets import BUDGETS
 from ablations.grid import Grid, prepare_data, run_grid, run_one
-from ablations.train import load_checkpoint, make_optimizer
-from model import Transformer, TransformerConfig
 from ablations.train import read_checkpoint
+from model import ModelSpec
 from model.table3 import table3_rows
 
 REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -35,7 +34,7 @@ def single_thread():
 def smoke(tmp_path_factory, single_thread):
     runs = tmp_path_factory.mktemp("runs")
     data = prepare_data(SMOKE, "multi30k", REAL_DATA, runs)
-    grid = Grid(SMOKE, table3_rows(), [1], "reference", runs, torch.device("cpu"))
+    grid = Grid(SMOKE, table3_rows(), [1], ModelSpec("reference"), runs, torch.device("cpu"))
     outcomes = run_grid(grid, data)
     finals = {R.read_json(d / R.FINAL)["row"]: R.read_json(d / R.FINAL) for d, _ in outcomes}
     return grid, data, outcomes, finals

@@ -9,12 +9,12 @@ import torch
 from ablations import runs as R
 from ablations.__main__ import main
 from ablations.batching import make_batch
-from ablations.budgets import BUDGETS, row_config, select_rows
+from ablations.budgets import BUDGETS, select_rows
 from ablations.decoding import translate
 from ablations.evaluate import perplexity
-from ablations.grid import Grid, prepare_data, run_grid, run_one, spec_for
+from ablations.grid import Grid, prepare_data, run_grid, run_one
 from ablations.train import TrainState, load_checkpoint, make_optimizer, save_checkpoint, train_step
-from model import Transformer, TransformerConfig, load_model
+from model import Transformer, TransformerConfig, parse_spec
 from tests.test_ablations_grid import single_thread  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see tests/test_ablations_grid.py
@@ -120,7 +120,7 @@ def tiny_data(tmp_path_factory):
 
 
 def grid_of(runs, spec: str, rows: str = "base") -> Grid:
-    return Grid(TINY_BUDGET, select_rows(rows), [1], spec, runs, torch.device("cpu"), max_attempts=2)
+    return Grid(TINY_BUDGET, select_rows(rows), [1], parse_spec(spec), runs, torch.device("cpu"), max_attempts=2)
 
 
 @needs_data

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model import SpecError, load_model
+from model import ModelSpec, SpecError, TransformerConfig, load_model, parse_spec
 from model.adapters.torch_nn import TorchTransformer
 from model.protocol import Seq2SeqModel
 
@@ -19,6 +19,20 @@ def test_registered_preset_and_overrides_resolve():
     with torch.device("meta"):
         model = load_model("reference:big,N=2,P_drop=0.2")
     assert (model.config.d_model, model.config.N, model.config.P_drop) == (1024, 2, 0.2)
+
+
+def test_a_spec_is_parsed_once_into_typed_overrides_and_prints_back_as_it_parses():
+    spec = parse_spec("reference:big, N=2, share_embeddings=false, P_drop=0.2")
+    assert spec == ModelSpec("reference", "big", {"N": 2, "share_embeddings": False, "P_drop": 0.2})
+    assert parse_spec(str(spec)) == spec
+
+
+def test_a_spec_with_a_config_sets_every_field_and_later_overrides_win():
+    cfg = TransformerConfig(N=2, d_model=32, d_ff=64, h=4, d_k=8, d_v=8, vocab_size=40)
+    spec = ModelSpec("reference", None, {"N": 5, "pe": "learned"}).with_config(cfg)
+    assert spec.overrides == cfg.to_dict()
+    with torch.device("meta"):
+        assert load_model(spec).config == cfg
 
 
 def test_torch_adapter_satisfies_the_protocol():

@@ -115,7 +115,7 @@ def test_a_run_locked_by_another_process_is_left_to_it_and_taken_once_it_is_free
         assert mine
         assert main(argv(runs)) == 0
         err = capsys.readouterr().err
-        assert re.search(rf"(?:^|\r)\s*D1 s1: running elsewhere \(pid \d+ on ", err, re.M), err[-2000:]
+        assert re.search(r"(?:^|\r)\s*D1 s1: running elsewhere \(pid \d+ on ", err, re.M), err[-2000:]
         assert re.search(r"^\s*D1 s1 running elsewhere: pid \d+ on .* holds its lock", err, re.M), err[-2000:]
         assert not (directory / R.FINAL).exists()  # not trained twice, nothing written under the other's lock
     assert main(argv(runs)) == 0  # the lock is free: the run is taken and finished

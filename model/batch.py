@@ -1,0 +1,37 @@
+"""A batch as a seq2seq model reads it: padded source and target ids with their pad masks."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from model.protocol import Seq2SeqModel
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Padded ids and their masks (True at padding). For training and scoring, `labels` holds the token each
+    target position predicts (teacher forcing: tgt is BOS + y, labels y + EOS); synthetic batches have none."""
+
+    src: Tensor  # (B, S) ids
+    tgt: Tensor  # (B, T) the decoder's input
+    src_pad: Tensor  # (B, S) bool
+    tgt_pad: Tensor  # (B, T) bool
+    labels: Tensor | None = None  # (B, T) ids
+
+    @property
+    def src_tokens(self) -> int:
+        return int(self.src_pad.numel() - self.src_pad.sum())
+
+    @property
+    def tgt_tokens(self) -> int:
+        return int(self.tgt_pad.numel() - self.tgt_pad.sum())
+
+    def forward(self, model: Seq2SeqModel) -> Tensor:
+        """The model's logits (B, T, vocab) for this batch."""
+        return model(self.src, self.tgt, self.src_pad, self.tgt_pad)
+
+    def to(self, device: torch.device) -> Batch:
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        return Batch(move(self.src), move(self.tgt), move(self.src_pad), move(self.tgt_pad), move(self.labels))
