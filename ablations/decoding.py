@@ -15,18 +15,19 @@ import torch
 from torch import Tensor
 
 from ablations.bpe import BOS, EOS, PAD
+from model.protocol import Seq2SeqModel
 
 
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     return ((5 + length) / 6) ** alpha
 
 
-def supports_kv_cache(model: torch.nn.Module) -> bool:
+def supports_kv_cache(model: Seq2SeqModel) -> bool:
     return "kv_cache" not in getattr(model, "unsupported", {})
 
 
 @torch.no_grad()
-def beam_search(model, src: Tensor, src_pad: Tensor, beam: int = 4, alpha: float = 0.6, extra_len: int = 50,
+def beam_search(model: Seq2SeqModel, src: Tensor, src_pad: Tensor, beam: int = 4, alpha: float = 0.6, extra_len: int = 50,
                 use_cache: bool | None = None) -> list[list[int]]:
     """The best hypothesis (ids without BOS and EOS) for each source row of src (B, S)."""
     use_cache = supports_kv_cache(model) if use_cache is None else use_cache
@@ -102,7 +103,7 @@ def _collect_finished(finished, done, tokens, top_scores, top_beam, is_eos, K: i
         finished[b].append((top_scores[b, j].item() / length_penalty(t, alpha), tokens[row, 1:].tolist()))
 
 
-def translate(model, src_ids: list[list[int]], device: torch.device, max_tokens: int = 2000, beam: int = 4,
+def translate(model: Seq2SeqModel, src_ids: list[list[int]], device: torch.device, max_tokens: int = 2000, beam: int = 4,
               alpha: float = 0.6, extra_len: int = 50, autocast: torch.dtype | None = None,
               on_batch: Callable[[int], None] | None = None) -> list[list[int]]:
     """Beam search over many sentences in batches of similar length; results in the input order.

@@ -18,10 +18,11 @@ from tqdm.auto import tqdm
 from ablations.batching import bucketed_batches, make_batch
 from ablations.decoding import translate
 from model.objective import label_smoothed_loss
+from model.protocol import Seq2SeqModel
 
 
 @torch.no_grad()
-def perplexity(model, src: list[list[int]], tgt: list[list[int]], device: torch.device, max_tokens: int = 4000,
+def perplexity(model: Seq2SeqModel, src: list[list[int]], tgt: list[list[int]], device: torch.device, max_tokens: int = 4000,
                autocast: torch.dtype | None = None, progress: str | None = None) -> float:
     """exp(mean negative log-likelihood per target BPE token, EOS included), with no label smoothing.
 
@@ -58,7 +59,7 @@ def bleu(hypotheses: list[str], references: list[str]) -> BleuScores:
     return BleuScores(score.score, score_tok.score, signature, hypotheses)
 
 
-def dev_bleu(model, sp: spm.SentencePieceProcessor, src: list[list[int]], references: list[str], device: torch.device,
+def dev_bleu(model: Seq2SeqModel, sp: spm.SentencePieceProcessor, src: list[list[int]], references: list[str], device: torch.device,
              beam: int = 4, alpha: float = 0.6, extra_len: int = 50, autocast: torch.dtype | None = None,
              max_tokens: int = 2000, progress: str | None = None) -> BleuScores:
     """Beam-search the dev sources (max_tokens source tokens a batch), detokenise, score against the raw references.

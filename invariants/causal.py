@@ -16,11 +16,12 @@ from invariants.cases import Case, batch_cases, pinned_cases
 from invariants.engine import invariant
 from invariants.subject import Subject, relative_error, seeded
 from model.batch import Batch
+from model.protocol import Seq2SeqModel
 
 GROUP = "1 causal mask"
 
 
-def capturing(model, on: bool):
+def capturing(model: Seq2SeqModel, on: bool):
     """The model's attention capture when on, else a no-op yielding an empty list."""
     return model.attention_probs() if on else nullcontext([])
 

@@ -19,6 +19,7 @@ from invariants.cases import Case, batch_cases, pinned_cases
 from invariants.engine import invariant
 from invariants.subject import Subject, seeded
 from model.batch import Batch
+from model.protocol import Seq2SeqModel
 
 GROUP = "3 softmax rows"
 EXTREME = 1e4  # decoder inputs scaled to norm ~1e4 * sqrt(d_model): scores overflow a naive float32 softmax
@@ -40,7 +41,7 @@ def query_rows(kind: str, batch: Batch) -> Tensor:
     return ~pad[:, None, :, None]
 
 
-def captured(model, batch: Batch, case: Case, scale: float = 1.0) -> list:
+def captured(model: Seq2SeqModel, batch: Batch, case: Case, scale: float = 1.0) -> list:
     """Attention records of one forward pass; the decoder input embeddings are multiplied by scale."""
     model.train(case.train)
     with seeded(case.seed), model.attention_probs() as records:

@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from model.batch import Batch
-from model.config import TransformerConfig, preset
+from model.config import TransformerConfig
+from model.table3 import preset
 from model.protocol import Seq2SeqModel
 from model.registry import ModelSpec, SpecError, load_model, parse_spec
 

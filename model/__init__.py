@@ -1,6 +1,7 @@
 """The reference Transformer of "Attention Is All You Need" and the protocol any model under test implements."""
 from model.attention import AttentionRecord, KVCache
-from model.config import PRESETS, TransformerConfig, preset
+from model.config import TransformerConfig
+from model.table3 import PRESETS, preset
 from model.params import count_parameters
 from model.protocol import Seq2SeqModel
 from model.registry import ModelSpec, SpecError, load_model, parse_spec

@@ -78,15 +78,3 @@ def parse_overrides(pairs: dict[str, str]) -> dict[str, object]:
         except ValueError:
             raise ValueError(f"config field {key}={text!r} is not a valid {kind}") from None
     return changes
-
-
-PRESETS: dict[str, TransformerConfig] = {
-    "base": TransformerConfig(),
-    "big": TransformerConfig(d_model=1024, d_ff=4096, h=16, P_drop=0.3),
-}
-
-
-def preset(name: str) -> TransformerConfig:
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
-    return PRESETS[name]

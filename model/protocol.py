@@ -8,7 +8,7 @@ method for it raises NotImplementedError; checks that need it then report "not a
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Mapping, Protocol, runtime_checkable
+from typing import Iterator, Mapping, Protocol, runtime_checkable
 
 from torch import Tensor
 from torch.nn import Parameter
@@ -69,11 +69,20 @@ class Seq2SeqModel(Protocol):
     def parameter_groups(self) -> Mapping[str, list[Parameter]]:
         """Trainable parameters by part: 'embeddings', 'encoder', 'decoder' (and any others the model has)."""
 
-    def parameters(self, recurse: bool = True):  # from nn.Module
-        ...
+    # From torch.nn.Module, listed because the invariants and the runner call them.
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]: ...
 
-    def train(self, mode: bool = True):  # from nn.Module
-        ...
+    def named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, Parameter]]: ...
+
+    def train(self, mode: bool = True) -> Seq2SeqModel: ...
+
+    def eval(self) -> Seq2SeqModel: ...
+
+    def to(self, *args, **kwargs) -> Seq2SeqModel: ...
+
+    def state_dict(self) -> Mapping[str, Tensor]: ...
+
+    def load_state_dict(self, state_dict: Mapping[str, Tensor], strict: bool = True): ...
 
 
 # The protocol's members in the order written above: its annotated attributes, then its methods.

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
-from model.config import TransformerConfig, parse_overrides, preset
+from model.config import TransformerConfig, parse_overrides
+from model.table3 import preset
 from model.protocol import Seq2SeqModel, missing_members
 
 ENV_VAR = "AIAYN_MODEL"

@@ -76,3 +76,13 @@ def implied_vocab_size() -> int:
         num += cfg.d_model * (paper - rest) / paper**2
         den += cfg.d_model**2 / paper**2
     return round(num / den)
+
+
+# The paper's two models, "base" and "big", are rows of Table 3: their configs are read from it, not restated.
+PRESETS: dict[str, TransformerConfig] = {row.name: row.config() for row in table3_rows() if row.name in ("base", "big")}
+
+
+def preset(name: str) -> TransformerConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+    return PRESETS[name]
