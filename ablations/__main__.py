@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shlex
 import shutil
@@ -207,6 +208,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
     table = R.results_table(target / "runs")
     R.write_atomic(target / "results.csv", table.to_csv(index=False))
     print(f"{len(finals)} runs -> {target}/results.csv and {target}/runs/")
+    from reports import attention  # matplotlib and sentencepiece: imported only when publishing
+    from reports.inputs import MissingInput
+
+    try:  # the attention figure's data from the trained base model (its weights stay in the runs folder)
+        R.write_atomic(target / attention.PUBLISHED, json.dumps(attention.extract(source, decimals=4)))
+        print(f"base's encoder attention -> {target / attention.PUBLISHED}")
+    except MissingInput as missing:
+        print(f"no attention figure data: {missing}")
     return 0
 
 

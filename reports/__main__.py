@@ -86,7 +86,8 @@ def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]
         artifacts.append(Artifact(section, "Encoder self-attention of the trained base model (cf. the paper's Figures 3-5)",
                                   fig_dir / "attention.png", REBUILD))
     except MissingInput as missing:
-        skipped.append(f"attention figure for {results.budget}: {missing}; weights are not published: draw it from the runner's folder with python -m reports --results runs")
+        skipped.append(f"attention figure for {results.budget}: {missing}; publishing a budget whose runs folder holds "
+                       f"base's checkpoint saves {attention.PUBLISHED}")
     return artifacts, skipped
 
 

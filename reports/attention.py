@@ -5,7 +5,8 @@ A run folder gives the model: config.json ("config" holds the TransformerConfig,
 the BPE's key) and its weights, `model.pt` (a state_dict) or else the runner's `checkpoint.pt`. The BPE model
 (sentencepiece) is found by the name the runner's cache gives it, `bpe-<vocab>-<key>.model`, in the run folder, the
 budget folder, or the runner's `cache/` beside the budget folder. The probabilities come from the model protocol's
-`attention_probs()`, so any model that offers that capability can be drawn.
+`attention_probs()`, so any model that offers that capability can be drawn. Publishing a budget saves what the
+figure shows (tokens and probabilities, a few kilobytes) as attention.json, from which it is redrawn.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from reports.inputs import MissingInput, shown_path  # noqa: E402
 SENTENCE = "A boy wearing headphones sits on a woman's shoulders."  # Multi30k val, line 3 (the English source side)
 WEIGHTS = ("model.pt", "checkpoint.pt")  # a state_dict, or the runner's checkpoint (header line, then torch.save bytes)
 MAX_HEADS = 8  # panels drawn; big has 16 heads
+PUBLISHED = "attention.json"  # the drawn probabilities, which `python -m ablations publish` saves beside the results
 
 
 @dataclass(frozen=True)
@@ -131,12 +133,23 @@ def base_run(folder: Path) -> Path:
     return min(found)[1]
 
 
-def draw(folder: Path, path: Path, sentence: str = SENTENCE) -> plt.Figure:
-    """The attention figure of a budget folder's trained base model; MissingInput (one line) when it cannot be drawn."""
+def extract(folder: Path, sentence: str = SENTENCE, decimals: int | None = None) -> dict:
+    """What the figure shows, as data, from the trained base model of a runner's budget folder: the sentence's
+    tokens and the encoder self-attention of layer N-1 (published rounded to 4 decimals, enough to draw: the
+    weights are not published, these few kilobytes are)."""
     run_dir = base_run(folder)
     trained = load_trained(run_dir, [folder, folder.parent / "cache"])
     layer = default_layer(trained.model.config.N)
     tokens, probs = encoder_attention(trained, sentence, layer)
-    title = (f"Encoder self-attention, layer {layer + 1} of {trained.model.config.N}, {trained.label} "
+    return {"run": run_dir.name, "label": trained.label, "layer": layer, "layers": trained.model.config.N,
+            "sentence": sentence, "tokens": tokens, "probs": (probs[:MAX_HEADS] if decimals is None else probs[:MAX_HEADS].round(decimals=decimals)).tolist()}
+
+
+def draw(folder: Path, path: Path, sentence: str = SENTENCE) -> plt.Figure:
+    """The attention figure of a budget folder: from its published attention.json, else from a trained base
+    model's weights in it (a runner's folder); MissingInput (one line) when neither is there."""
+    saved = folder / PUBLISHED
+    doc = json.loads(saved.read_text()) if saved.is_file() else extract(folder, sentence)
+    title = (f"Encoder self-attention, layer {doc['layer'] + 1} of {doc['layers']}, {doc['label']} "
              f"(budget {folder.name}); rows: query token, columns: attended token")
-    return attention_figure(tokens, probs, path, title)
+    return attention_figure(doc["tokens"], torch.tensor(doc["probs"]), path, title)

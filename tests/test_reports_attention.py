@@ -77,6 +77,20 @@ def test_figure_shows_each_head_of_the_models_own_encoder_attention_in_layer_n_m
     assert "layer 2 of 3" in fig.texts[0].get_text() and (tmp_path / "attention.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_published_attention_data_redraws_the_same_figure_without_weights_or_bpe(tmp_path, bpe):
+    run, model = publish(tmp_path / "runs" / "cpu", bpe)
+    results = tmp_path / "results" / "cpu"
+    results.mkdir(parents=True)
+    (results / attention.PUBLISHED).write_text(json.dumps(attention.extract(tmp_path / "runs" / "cpu", decimals=4)))
+    fig = attention.draw(results, tmp_path / "attention.png")
+    ids = spm.SentencePieceProcessor(model_file=str(bpe)).encode(attention.SENTENCE) + [EOS]
+    expected = own_attention(model, ids, layer=N - 2)
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.images]
+    assert len(panels) == H and "layer 2 of 3" in fig.texts[0].get_text()
+    for head, ax in enumerate(panels):  # the published data holds 4 decimals
+        torch.testing.assert_close(torch.as_tensor(ax.images[0].get_array()), expected[head], rtol=0, atol=5e-5)
+
+
 def test_the_lowest_seed_with_weights_is_drawn(tmp_path, bpe):
     publish(tmp_path / "cpu", bpe, seed=2)
     (tmp_path / "cpu" / bpe.name).unlink()
