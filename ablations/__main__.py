@@ -285,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     except (DataError, SpecError, ValueError, R.StorageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2 if not isinstance(exc, R.StorageError) else 1
+    except KeyboardInterrupt:  # Ctrl-C before training began (checking flags, reading data, building the model)
+        print("interrupted before any run started; nothing was left half-written: run the same command again", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -15,8 +15,10 @@ import argparse
 import os
 import queue
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -79,19 +81,35 @@ def run_local(jobs: list[Job], slots: list[str | None], log_dir: Path) -> dict[s
     """Run the jobs as plain processes, at most one per slot at a time; returns each job's exit status.
 
     A slot is a GPU index (the process sees only that GPU) or None (a plain worker). Each job's output
-    goes to <log_dir>/<row>-s<seed>.log; a job that fails does not stop the others.
+    goes to <log_dir>/<row>-s<seed>.log; a job that fails does not stop the others. The runs are started in
+    sessions of their own, so a stop signal reaches them once, from here: Ctrl-C in the terminal or a SIGTERM
+    sent to the fan-out alone (what a scheduler does) is passed on to each run under way, which checkpoints
+    and exits, and no new run starts.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     free: queue.Queue[str | None] = queue.Queue()
     for slot in slots:
         free.put(slot)
+    running: set[subprocess.Popen] = set()
+    lock = threading.Lock()  # guards `running` and `stopping` against a stop between a slot's start and its record
+    stopping: list[int] = []  # the signal passed on, once a stop has come
 
     def launch(job: Job) -> int:
         slot = free.get()
         try:
             with open(log_dir / f"{job.name}.log", "w", encoding="utf-8") as log:
-                return subprocess.run([sys.executable, "-m", "ablations", *job.argv], stdout=log, stderr=subprocess.STDOUT,
-                                      env=job_environment(slot, len(slots)), check=False).returncode
+                with lock:
+                    if stopping:
+                        return 128 + stopping[0]
+                    process = subprocess.Popen([sys.executable, "-m", "ablations", *job.argv], stdout=log,
+                                               stderr=subprocess.STDOUT, env=job_environment(slot, len(slots)),
+                                               start_new_session=True)
+                    running.add(process)
+                try:
+                    return process.wait()
+                finally:
+                    with lock:
+                        running.discard(process)
         finally:
             free.put(slot)
 
@@ -103,8 +121,15 @@ def run_local(jobs: list[Job], slots: list[str | None], log_dir: Path) -> dict[s
                 job = futures[future]
                 codes[job.name] = future.result()
                 bar.update(1)
-        except BaseException:  # a stop (Ctrl-C, SIGTERM): start nothing new; the runs under way end as they are told
+        except BaseException as stop:  # Ctrl-C or SIGTERM: start nothing new, pass the signal on, wait for the runs
             pool.shutdown(wait=False, cancel_futures=True)
+            with lock:
+                stopping.append(stop.signum if isinstance(stop, Stopped) else signal.SIGINT)
+                under_way = list(running)
+            for process in under_way:
+                process.send_signal(stopping[0])
+            for process in under_way:
+                process.wait()
             raise
     return codes
 
@@ -175,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     except R.StorageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except Stopped as stop:  # Ctrl-C reaches the runs too (one terminal, one process group): each saves a checkpoint
+    except Stopped as stop:  # passed on to the runs under way by run_local: each saved a checkpoint
         print(f"{stop}; no new run is started, finished runs are kept; resume with: python -m ablations.fanout "
               f"{shlex.join(argv if argv is not None else sys.argv[1:])}", file=sys.stderr)
         return stop.exit_status

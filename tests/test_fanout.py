@@ -3,7 +3,7 @@
 The runs folder is the only shared state: a row finished by one fan-out is skipped by the next, whichever
 executor runs it.
 """
-import subprocess
+import signal
 import threading
 import time
 
@@ -12,6 +12,7 @@ import pytest
 from ablations import fanout
 from ablations import runs as R
 from ablations.fanout import main, split, without
+from ablations.stopping import Stopped, graceful_stops
 from tests.cli_runs import DEV_PAIRS, REAL_DATA, needs_data, runs_folder, smoke_cache
 
 
@@ -35,24 +36,54 @@ def test_one_run_per_gpu_at_a_time_each_seeing_only_its_gpu(tmp_path, monkeypatc
     running, seen, peak = set(), [], [0]
     lock = threading.Lock()
 
-    def fake_run(command, env, **_):  # stands in for `python -m ablations run ...` on a machine with GPUs 0 and 1
-        gpu = env["CUDA_VISIBLE_DEVICES"]
-        with lock:
-            assert gpu not in running, f"GPU {gpu} given to two runs at once"
-            running.add(gpu)
-            peak[0] = max(peak[0], len(running))
-            seen.append((command[-3], gpu))
-        time.sleep(0.05)
-        with lock:
-            running.remove(gpu)
-        return subprocess.CompletedProcess(command, 0)
+    class FakeRun:  # stands in for `python -m ablations run ...` on a machine with GPUs 0 and 1
+        def __init__(self, command, env, **_):
+            self.command, self.gpu = command, env["CUDA_VISIBLE_DEVICES"]
+            with lock:
+                assert self.gpu not in running, f"GPU {self.gpu} given to two runs at once"
+                running.add(self.gpu)
+                peak[0] = max(peak[0], len(running))
+                seen.append((command[-3], self.gpu))
 
-    monkeypatch.setattr(fanout.subprocess, "run", fake_run)
+        def wait(self) -> int:
+            time.sleep(0.05)
+            with lock:
+                running.remove(self.gpu)
+            return 0
+
+    monkeypatch.setattr(fanout.subprocess, "Popen", FakeRun)
     _, jobs = split(["--budget", "smoke", "--rows", "A,B"])
     codes = fanout.run_local(jobs, ["0", "1"], tmp_path)
     assert codes == {job.name: 0 for job in jobs}
     assert sorted(row for row, _ in seen) == sorted(job.row for job in jobs) and {gpu for _, gpu in seen} == {"0", "1"}
     assert peak[0] == 2
+
+
+def test_a_sigterm_to_the_fan_out_alone_reaches_each_run_under_way_and_no_new_run_starts(tmp_path, monkeypatch):
+    started, signalled = [], []
+
+    class FakeRun:  # a run that trains until it is told to stop, then checkpoints and exits 128 + the signal
+        def __init__(self, command, start_new_session, **_):
+            assert start_new_session  # so that a terminal's Ctrl-C reaches the runs once, through the fan-out
+            self.stopped = threading.Event()
+            started.append(command[-3])
+
+        def send_signal(self, signum: int) -> None:
+            signalled.append(signum)
+            self.stopped.set()
+
+        def wait(self) -> int:
+            self.stopped.wait()
+            return 128 + signalled[-1]
+
+    monkeypatch.setattr(fanout.subprocess, "Popen", FakeRun)
+    _, jobs = split(["--budget", "smoke", "--rows", "A"])  # 4 runs on 2 workers
+    main_thread = threading.main_thread().ident
+    threading.Timer(0.3, signal.pthread_kill, (main_thread, signal.SIGTERM)).start()  # `kill PID` of the fan-out
+    with graceful_stops(), pytest.raises(Stopped) as stop:
+        fanout.run_local(jobs, [None, None], tmp_path)
+    assert stop.value.signum == signal.SIGTERM
+    assert len(started) == 2 and signalled == [signal.SIGTERM, signal.SIGTERM]
 
 
 def finals(runs) -> dict:

@@ -6,6 +6,7 @@ import re
 import pytest
 
 from ablations import runs as R
+import ablations.__main__ as ablations_main
 from ablations.__main__ import main, parse_seeds
 from tests.cli_runs import needs_data
 
@@ -60,6 +61,16 @@ def test_a_bad_option_is_one_line_naming_it_and_nothing_is_written(extra, messag
     assert err.count("\n") == 1 and err.startswith("error: "), err
     assert re.search(message, err), err
     assert not (runs / "smoke").exists()
+
+
+def test_ctrl_c_while_the_flags_and_model_are_checked_is_one_line_and_status_130(tmp_path, monkeypatch, capsys):
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ablations_main, "check_model", interrupted)
+    assert main(["run", "--rows", "base", "--device", "cpu", "--runs", str(tmp_path / "runs")]) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("interrupted before any run started"), err
 
 
 def test_runs_pointing_at_a_file_is_one_line(tmp_path, capsys):
