@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from model.attention import explicit_attention
 from model.config import TransformerConfig
-from model.layers import PositionalEncoding, sinusoidal_table
+from model.layers import PositionalEncoding, Residual, sinusoidal_table
 from model.objective import label_smoothed_loss
 from model.registry import register_model
 from model.transformer import Parts, Transformer, causal_mask
@@ -324,6 +324,31 @@ def loss_log_of_softmax(logits: Tensor, target: Tensor, pad_id: int, eps: float)
 def loss_ignores_eps(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
     """The config's eps_ls never reaches the loss."""
     return label_smoothed_loss(logits, target, pad_id, 0.0)
+
+
+class NoResidual(Residual):
+    """A sub-layer connection that forgets its residual: LayerNorm(Sublayer(x)) for LayerNorm(x + Sublayer(x))."""
+
+    def forward(self, x: Tensor, sublayer_out: Tensor) -> Tensor:
+        return self.norm(self.dropout(sublayer_out))
+
+
+@register_mutant("ffn_without_residual", bug="feed-forward sub-layers without their residual connection",
+                 caught_by=("residual_paths",), known_bug=False)
+class FfnWithoutResidual(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        for layer in [*self.encoder, *self.decoder]:
+            layer.res_ffn = NoResidual(cfg, parts.norm, parts.dropout)
+
+
+@register_mutant("cross_attention_without_residual", bug="decoder cross-attention without its residual connection",
+                 caught_by=("residual_paths",), known_bug=False)
+class CrossAttentionWithoutResidual(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        for layer in self.decoder:
+            layer.res_cross = NoResidual(cfg, parts.norm, parts.dropout)
 
 
 @register_model("mutant", "a reference model with one known bug: mutant:NAME", takes="name")

@@ -7,7 +7,6 @@ which works for registered models and user adapters alike. Models are built with
 from __future__ import annotations
 
 from contextlib import contextmanager
-from types import MappingProxyType
 from typing import Callable, Iterator, Mapping, Union
 
 import torch
@@ -21,7 +20,7 @@ from model.registry import ModelSpec, SpecError, load_model, parse_spec
 
 Factory = Callable[[TransformerConfig], Seq2SeqModel]
 Overrides = Mapping[str, object]  # config fields set on top of the spec's own config
-OWN_CONFIG: Overrides = MappingProxyType({})  # no overrides: the spec's own config
+OWN_CONFIG: Overrides = {}  # no overrides: the spec's own config (a Mapping: read, never written)
 INIT_SEED = 0
 
 
