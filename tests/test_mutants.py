@@ -30,7 +30,7 @@ def test_every_property_is_killed_by_a_near_miss_mutant():
     assert len(near_misses) >= 15
 
 
-def test_the_issues_thirteen_bugs_are_all_mutants():
+def test_the_thirteen_known_bugs_are_all_mutants():
     assert sum(m.known_bug for m in MUTANTS.values()) == 13
 
 
