@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ablations import attention_data
 from ablations import runs as R
 from ablations.budgets import BUDGETS, Budget, budget, row_config, select_rows
 from ablations.data import ENV_VAR, PRESETS, DataError, data_dir
@@ -208,13 +209,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     table = R.results_table(target / "runs")
     R.write_atomic(target / "results.csv", table.to_csv(index=False))
     print(f"{len(finals)} runs -> {target}/results.csv and {target}/runs/")
-    from reports import attention  # matplotlib and sentencepiece: imported only when publishing
-    from reports.inputs import MissingInput
-
     try:  # the attention figure's data from the trained base model (its weights stay in the runs folder)
-        R.write_atomic(target / attention.PUBLISHED, json.dumps(attention.extract(source, decimals=4)))
-        print(f"base's encoder attention -> {target / attention.PUBLISHED}")
-    except MissingInput as missing:
+        R.write_atomic(target / attention_data.PUBLISHED, json.dumps(attention_data.extract(source, decimals=4)))
+        print(f"base's encoder attention -> {target / attention_data.PUBLISHED}")
+    except attention_data.NoAttentionData as missing:
         print(f"no attention figure data: {missing}")
     return 0
 

@@ -13,6 +13,7 @@ import pytest
 import sentencepiece as spm
 import torch
 
+from ablations import attention_data
 from ablations.bpe import EOS, shared_bpe
 from ablations.data import Pairs
 from ablations.train import TrainState, make_optimizer, save_checkpoint
@@ -81,7 +82,7 @@ def test_published_attention_data_redraws_the_same_figure_without_weights_or_bpe
     run, model = publish(tmp_path / "runs" / "cpu", bpe)
     results = tmp_path / "results" / "cpu"
     results.mkdir(parents=True)
-    (results / attention.PUBLISHED).write_text(json.dumps(attention.extract(tmp_path / "runs" / "cpu", decimals=4)))
+    (results / attention.PUBLISHED).write_text(json.dumps(attention_data.extract(tmp_path / "runs" / "cpu", decimals=4)))
     fig = attention.draw(results, tmp_path / "attention.png")
     ids = spm.SentencePieceProcessor(model_file=str(bpe)).encode(attention.SENTENCE) + [EOS]
     expected = own_attention(model, ids, layer=N - 2)
@@ -95,7 +96,7 @@ def test_the_lowest_seed_with_weights_is_drawn(tmp_path, bpe):
     publish(tmp_path / "cpu", bpe, seed=2)
     (tmp_path / "cpu" / bpe.name).unlink()
     run, _ = publish(tmp_path / "cpu", bpe, seed=1)
-    assert attention.base_run(tmp_path / "cpu") == run
+    assert attention_data.base_run(tmp_path / "cpu") == run
 
 
 def test_missing_bpe_model_is_one_line_naming_the_file(tmp_path, bpe):
