@@ -5,6 +5,7 @@ A budget turns a Table 3 row into the model config and the training settings of 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from model.config import TransformerConfig
@@ -19,7 +20,7 @@ class Budget:
     scale: int  # d_model, d_ff, d_k, d_v are divided by this; 1 = the paper's sizes
     steps: int | None  # optimizer steps per row; None = the row's own (100K, big 300K)
     warmup: int  # warmup_steps of the learning-rate schedule (the paper: 4000 of 100K steps)
-    lr_peak: float | None  # the schedule's peak; None = eq. (3)'s d_model^-0.5 * warmup^-0.5
+    lr_peak: float | None  # the schedule's peak for base's width (row_lr_peak scales it); None = eq. (3)'s d_model^-0.5 * warmup^-0.5
     batch_tokens: int  # source (and target) positions per optimizer step (the paper: about 25000)
     accumulation: int  # micro-batches per optimizer step; each holds batch_tokens / accumulation
     preset: str  # data preset used unless --preset says otherwise
@@ -88,6 +89,14 @@ def row_config(row: Table3Row, b: Budget, vocab_size: int) -> TransformerConfig:
 
 def row_steps(row: Table3Row, b: Budget) -> int:
     return b.steps if b.steps is not None else row.train_steps
+
+
+def row_lr_peak(row: Table3Row, b: Budget) -> float | None:
+    """The row's peak learning rate: the budget's peak (set for base's width) times sqrt(d_model_base / d_model_row),
+    the d_model^-0.5 of eq. (3), so that rows C4, C5 and big keep the paper's width dependence."""
+    if b.lr_peak is None:
+        return None
+    return b.lr_peak * math.sqrt(TransformerConfig().d_model / row.config().d_model)
 
 
 def select_rows(text: str) -> list[Table3Row]:

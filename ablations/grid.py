@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from ablations import runs as R
 from ablations.batching import BatchStream
 from ablations.bpe import bpe_key, encode, shared_bpe
-from ablations.budgets import Budget, row_config, row_steps
+from ablations.budgets import Budget, row_config, row_lr_peak, row_steps
 from ablations.data import PRESETS, load_corpus
 from ablations.distributed import SINGLE, Ranks, from_main
 from ablations.evaluate import dev_bleu, perplexity
@@ -67,7 +67,7 @@ def prepare_data(b: Budget, preset: str, data: Path, runs: Path) -> PreparedData
 def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: int | None = None) -> TrainSettings:
     gpu = device.type == "cuda"
     return TrainSettings(
-        steps=row_steps(row, b), warmup=b.warmup, lr_peak=b.lr_peak, batch_tokens=b.batch_tokens, accumulation=accumulation or b.accumulation,
+        steps=row_steps(row, b), warmup=b.warmup, lr_peak=row_lr_peak(row, b), batch_tokens=b.batch_tokens, accumulation=accumulation or b.accumulation,
         max_sentence_tokens=b.max_sentence_tokens, log_every=b.log_every, eval_every=b.eval_every,
         checkpoint_every=b.checkpoint_every, precision="bf16" if gpu else "fp32", compile=b.compile and gpu,
     )

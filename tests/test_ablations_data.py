@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from ablations.batching import BatchStream, bucketed_batches, make_batch
 from ablations.bpe import BOS, EOS, PAD, shared_bpe
-from ablations.budgets import BUDGETS, row_config, select_rows
+from ablations.budgets import BUDGETS, row_config, row_lr_peak, select_rows
 from ablations.data import DataError, Pairs, data_dir, load_corpus, normalise, read_lines, read_pairs, shuffled
 
 REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -94,6 +94,14 @@ def test_smoke_budget_divides_sizes_by_eight_and_keeps_heads_and_layers():
     big = next(r for r in select_rows("big"))
     cfg = row_config(big, BUDGETS["smoke"], vocab_size=1000)
     assert (cfg.N, cfg.d_model, cfg.d_ff, cfg.h, cfg.d_k, cfg.d_v, cfg.P_drop) == (6, 128, 512, 16, 8, 8, 0.3)
+
+
+def test_the_cpu_budgets_peak_is_bases_and_scales_with_each_rows_width_as_in_eq_3():
+    cpu = BUDGETS["cpu"]
+    peaks = {row.name: row_lr_peak(row, cpu) for row in select_rows("all")}
+    assert peaks["base"] == peaks["C3"] == cpu.lr_peak  # same width: the budget's own peak, exactly
+    assert peaks["C4"] == pytest.approx(cpu.lr_peak * 2**0.5) and peaks["C5"] == peaks["big"] == pytest.approx(cpu.lr_peak / 2**0.5)
+    assert row_lr_peak(select_rows("C5")[0], BUDGETS["smoke"]) is None  # eq. (3) itself depends on d_model
 
 
 @given(lengths=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 40)), min_size=1, max_size=60),
