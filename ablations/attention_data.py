@@ -100,15 +100,23 @@ def default_layer(n_layers: int) -> int:
     return max(n_layers - 2, 0)
 
 
+def finished(run_dir: Path) -> bool:
+    """Whether the run's final.json says it finished (a run still training has a checkpoint but no final result)."""
+    try:
+        return json.loads((run_dir / "final.json").read_text()).get("status") == "finished"
+    except (OSError, ValueError):
+        return False
+
+
 def base_run(folder: Path) -> Path:
-    """The base row's run with weights and the lowest seed in a budget folder; NoAttentionData when there is none."""
+    """The finished base run with weights and the lowest seed in a budget folder; NoAttentionData when there is none."""
     found = []
     for config_path in folder.rglob("config.json"):
-        config = json.loads(config_path.read_text())
-        if config.get("row") == "base" and any((config_path.parent / w).is_file() for w in WEIGHTS):
-            found.append((config.get("seed", 0), config_path.parent))
+        config, run_dir = json.loads(config_path.read_text()), config_path.parent
+        if config.get("row") == "base" and finished(run_dir) and any((run_dir / w).is_file() for w in WEIGHTS):
+            found.append((config.get("seed", 0), run_dir))
     if not found:
-        raise NoAttentionData(f"no base run with weights ({' or '.join(WEIGHTS)}) under {shown(folder)}")
+        raise NoAttentionData(f"no finished base run with weights ({' or '.join(WEIGHTS)}) under {shown(folder)}")
     return min(found)[1]
 
 

@@ -47,7 +47,7 @@ def publish(folder: Path, bpe: Path, weights: str = "model.pt", seed: int = 1) -
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"row": "base", "seed": seed, "model_spec": "reference",
                                                  "config": cfg.to_dict(), "data": {"bpe": key}}))
-    (run / "final.json").write_text(json.dumps({"steps": 40}))
+    (run / "final.json").write_text(json.dumps({"status": "finished", "steps": 40}))
     if weights == "model.pt":
         torch.save(model.state_dict(), run / "model.pt")
     else:
@@ -97,6 +97,13 @@ def test_the_lowest_seed_with_weights_is_drawn(tmp_path, bpe):
     (tmp_path / "cpu" / bpe.name).unlink()
     run, _ = publish(tmp_path / "cpu", bpe, seed=1)
     assert attention_data.base_run(tmp_path / "cpu") == run
+
+
+def test_a_base_run_still_training_is_not_drawn(tmp_path, bpe):
+    run, _ = publish(tmp_path / "cpu", bpe, weights="checkpoint.pt")
+    (run / "final.json").unlink()  # training: a checkpoint, no final result yet
+    with pytest.raises(MissingInput, match="no finished base run with weights"):
+        attention.draw(tmp_path / "cpu", tmp_path / "attention.png")
 
 
 def test_missing_bpe_model_is_one_line_naming_the_file(tmp_path, bpe):
