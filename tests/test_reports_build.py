@@ -131,11 +131,11 @@ def test_group_figure_leaves_out_bleu_when_ours_is_zero_everywhere(tmp_path):
     assert len(figures.change_against_change(table, tmp_path / "s.png", "t").axes) == 1  # PPL only
 
 
-def test_without_published_weights_the_attention_figure_is_skipped_in_one_line(built):
+def test_without_attention_data_or_weights_the_attention_figure_is_skipped_in_one_line(built):
     _, root, drawn = built
     assert "Traceback" not in drawn["stderr"]
     lines = [line for line in drawn["stderr"].splitlines() if "attention" in line]
-    assert len(lines) == 1 and "no base run with weights (model.pt or checkpoint.pt)" in lines[0]
+    assert len(lines) == 1 and "no finished base run with weights (model.pt or checkpoint.pt)" in lines[0]
     assert not (root / "out" / "figures" / "smoke" / "attention.png").exists()
 
 
