@@ -17,18 +17,13 @@ import sentencepiece as spm
 import torch
 
 from ablations.bpe import EOS
+from ablations.runs import shown_path
 from ablations.train import CorruptCheckpoint, read_checkpoint
 from model import Seq2SeqModel, SpecError, TransformerConfig, load_model, parse_spec
 
 
 class NoAttentionData(ValueError):
     """What the attention data needs is absent or damaged; the message is one line naming it."""
-
-
-def shown(path: Path) -> str:
-    """A path relative to the working directory when it lies inside it (messages carry no machine's paths)."""
-    path, here = path.resolve(), Path.cwd().resolve()
-    return path.relative_to(here).as_posix() if path.is_relative_to(here) else str(path)
 
 
 SENTENCE = "A boy wearing headphones sits on a woman's shoulders."  # Multi30k val, line 3 (the English source side)
@@ -59,8 +54,8 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
         try:
             return read_checkpoint(run_dir / "checkpoint.pt")["model"]
         except CorruptCheckpoint as exc:
-            raise NoAttentionData(f"{shown(run_dir / 'checkpoint.pt')}: {exc}") from None
-    raise NoAttentionData(f"no model weights ({' or '.join(WEIGHTS)}) in {shown(run_dir)}")
+            raise NoAttentionData(f"{shown_path(run_dir / 'checkpoint.pt')}: {exc}") from None
+    raise NoAttentionData(f"no model weights ({' or '.join(WEIGHTS)}) in {shown_path(run_dir)}")
 
 
 def load_trained(run_dir: Path, bpe_dirs: list[Path]) -> TrainedModel:
@@ -69,13 +64,13 @@ def load_trained(run_dir: Path, bpe_dirs: list[Path]) -> TrainedModel:
     name = bpe_file(config)
     bpe = next((d / name for d in [run_dir, *bpe_dirs] if (d / name).is_file()), None)
     if bpe is None:
-        raise NoAttentionData(f"no BPE model {name} in {shown(run_dir)} or {', '.join(shown(d) for d in bpe_dirs)}")
+        raise NoAttentionData(f"no BPE model {name} in {shown_path(run_dir)} or {', '.join(shown_path(d) for d in bpe_dirs)}")
     weights = _weights(run_dir)
     try:
         model = load_model(parse_spec(config.get("model_spec") or "reference").with_config(TransformerConfig(**config["config"])))
         model.load_state_dict(weights)
     except (SpecError, RuntimeError) as exc:
-        raise NoAttentionData(f"the weights in {shown(run_dir)} do not load into its model ({str(exc).splitlines()[0]})") from None
+        raise NoAttentionData(f"the weights in {shown_path(run_dir)} do not load into its model ({str(exc).splitlines()[0]})") from None
     final = run_dir / "final.json"
     steps = json.loads(final.read_text()).get("steps") if final.is_file() else None
     label = f"{config['row']} seed {config['seed']}" + (f", {steps} steps" if steps else "")
@@ -116,7 +111,7 @@ def base_run(folder: Path) -> Path:
         if config.get("row") == "base" and finished(run_dir) and any((run_dir / w).is_file() for w in WEIGHTS):
             found.append((config.get("seed", 0), run_dir))
     if not found:
-        raise NoAttentionData(f"no finished base run with weights ({' or '.join(WEIGHTS)}) under {shown(folder)}")
+        raise NoAttentionData(f"no finished base run with weights ({' or '.join(WEIGHTS)}) under {shown_path(folder)}")
     return min(found)[1]
 
 

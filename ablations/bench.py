@@ -31,7 +31,6 @@ from tqdm.auto import tqdm
 
 from ablations import peers
 from ablations.batching import BatchStream
-from model.batch import Batch
 from ablations.bpe import EOS, PAD
 from ablations.budgets import SCALED_FIELDS, budget
 from ablations.data import data_dir
@@ -41,6 +40,7 @@ from ablations.throughput import choose_threads, gemm_flops, throughput
 from ablations.train import ADAM_BETAS, ADAM_EPS, make_optimizer, train_step
 from model import Parts, Transformer, TransformerConfig, count_parameters, load_model
 from model.attention import explicit_attention
+from model.batch import Batch
 from model.provenance import git_commit
 from model.registry import ModelSpec, parse_config_overrides
 

@@ -36,6 +36,12 @@ STATUSES = ("finished", "diverged", "failed")
 BUSY = "running elsewhere"  # a run whose lock another process holds
 
 
+def shown_path(path: Path) -> str:
+    """A path relative to the working directory when it lies inside it, so that committed reports carry no machine's paths."""
+    path, here = path.resolve(), Path.cwd().resolve()
+    return path.relative_to(here).as_posix() if path.is_relative_to(here) else str(path)
+
+
 def config_hash(identity: dict) -> str:
     """Eight hex digits of a hash of everything that makes a run what it is (model config, training settings, data, spec)."""
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]

@@ -26,12 +26,12 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ablations.batching import BatchStream
-from model.batch import Batch
 from ablations import stopping
 from ablations.distributed import SINGLE, Ranks, first_signal, shard, step_seed, sum_over_ranks, wrap
 from ablations.evaluate import perplexity
 from ablations.runs import (CHECKPOINT, METRICS, append_metrics, previous_checkpoint, replace, set_aside, temporary,
                             truncate_metrics, write_file)
+from model.batch import Batch
 from model.objective import learning_rate
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.98), 1e-9

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -20,11 +21,11 @@ class Batch:
     tgt_pad: Tensor  # (B, T) bool
     labels: Tensor | None = None  # (B, T) ids
 
-    @property
+    @cached_property  # read several times a training step: counted once per batch
     def src_tokens(self) -> int:
         return int(self.src_pad.numel() - self.src_pad.sum())
 
-    @property
+    @cached_property
     def tgt_tokens(self) -> int:
         return int(self.tgt_pad.numel() - self.tgt_pad.sum())
 

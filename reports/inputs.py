@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ablations.runs import final_problem, read_json, read_metrics, results_table, warn
+from ablations.runs import final_problem, read_json, read_metrics, results_table, shown_path, warn
 
 RESULTS_DIR = Path("reports") / "results"  # default paths are relative to the working directory (the repository root)
 INVARIANTS_DIR = Path("reports") / "invariants"
@@ -25,12 +25,6 @@ INVARIANTS_COMMAND = "nox -s invariants -- --model {model}"
 KILL_MATRIX_COMMAND = "nox -s invariants -- --kill-matrix"
 BENCH_REPORTS = ("bench.md", "bench.json")  # written into reports/ by `nox -s bench`
 BENCH_COMMAND = "nox -s bench"
-
-
-def shown_path(path: Path) -> str:
-    """A path relative to the working directory when it lies inside it, so that committed reports carry no machine's paths."""
-    path, here = path.resolve(), Path.cwd().resolve()
-    return path.relative_to(here).as_posix() if path.is_relative_to(here) else str(path)
 
 
 class MissingInput(Exception):
