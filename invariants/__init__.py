@@ -12,6 +12,7 @@ from invariants.behaviour import (
 )
 from invariants.causal import cached_decoding, causal_future_probs, causal_future_tokens, causal_jacobian
 from invariants.engine import NotApplicable, Property, Result
+from invariants.feedforward import ffn_nonlinear
 from invariants.mutants import MUTANTS  # importing it registers mutant:NAME in the model registry
 from invariants.objective import loss_eps_zero_is_nll, loss_pad_normalisation, loss_smoothed_minimum
 from invariants.params import params_base, params_table3, params_tied_embeddings

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from model.attention import explicit_attention
 from model.config import TransformerConfig
-from model.layers import PositionalEncoding, Residual, sinusoidal_table
+from model.layers import FeedForward, PositionalEncoding, Residual, sinusoidal_table
 from model.objective import label_smoothed_loss
 from model.registry import register_model
 from model.transformer import Parts, Transformer, causal_mask
@@ -349,6 +349,31 @@ class CrossAttentionWithoutResidual(Transformer):
         super().__init__(cfg, parts)
         for layer in self.decoder:
             layer.res_cross = NoResidual(cfg, parts.norm, parts.dropout)
+
+
+class LinearFeedForward(FeedForward):
+    """FFN(x) = (x W1 + b1) W2 + b2: eq. (2) without its ReLU, as when the activation is left out of a Sequential."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w_2(self.w_1(x))
+
+
+@register_mutant("ffn_without_relu", bug="feed-forward networks without their ReLU: two linear maps in a row",
+                 caught_by=("ffn_nonlinear",), known_bug=False)
+class FfnWithoutRelu(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        for layer in [*self.encoder, *self.decoder]:
+            layer.ffn = LinearFeedForward(cfg)
+
+
+@register_mutant("decoder_ffn_without_relu", bug="the decoder's feed-forward networks without their ReLU",
+                 caught_by=("ffn_nonlinear",), known_bug=False)
+class DecoderFfnWithoutRelu(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        for layer in self.decoder:
+            layer.ffn = LinearFeedForward(cfg)
 
 
 @register_model("mutant", "a reference model with one known bug: mutant:NAME", takes="name")

@@ -77,6 +77,14 @@ RESIDUAL = Tolerance(
     "LayerNorm of the same constant, equal to the last bit (0)",
     at_least=True,
 )
+NONLINEAR = Tolerance(
+    1e-9,
+    "positive control, float64: the FFNs' kinks lift a line of inputs above the span normalisation reaches "
+    "(seen over 3 seeds x 150 cases: >= 1.2e-5 relative in HF Marian and BART at their 0.02 init, >= 1.8e-3 in the "
+    "reference and torch.nn); "
+    "without the activation the excess is float64 rounding, <= 3e-15",
+    at_least=True,
+)
 SCALING = Tolerance(
     1.0,
     "|log2| of the ratio of attention-logit spreads at d_k=d_model vs d_k=4: ~0 with 1/sqrt(d_k) (seen: < 0.3), "

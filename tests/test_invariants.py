@@ -9,11 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from invariants import (
-    causal_future_probs, dropout_active, fully_padded_rows, pe_exact_values, pe_relative_linearity,
+    causal_future_probs, dropout_active, ffn_nonlinear, fully_padded_rows, pe_exact_values, pe_relative_linearity,
     params_table3, permutation_positive_control, run_suite,
 )
 from invariants import tolerances as tol
 from invariants.engine import ERROR, FAIL, NOT_APPLICABLE, PASS, Property, Subject
+from invariants.feedforward import affine_span_excess
 from invariants.__main__ import parse_replay
 from model import SpecError, Transformer
 from model.adapters.torch_nn import TorchTransformer
@@ -94,6 +95,22 @@ def test_a_capability_the_model_lacks_is_not_applicable_never_a_silent_pass():
 
     result = causal_future_probs(fused_only, settings=few())
     assert (result.verdict, result.reason, result.examples) == (NOT_APPLICABLE, "attention_probs: fused kernel only", 0)
+
+
+def test_ffn_check_is_not_applicable_where_normalisation_alone_could_fill_d_model():
+    result = ffn_nonlinear("reference,N=2,d_model=8,h=2,d_k=4,d_v=4,d_ff=32,vocab_size=50", settings=few())
+    assert result.verdict == NOT_APPLICABLE and "leaves no room above 10 affine dimensions" in result.reason
+
+
+def test_a_stack_linear_between_its_normalisations_stays_within_the_bound():
+    """The bound ffn_nonlinear uses: four LayerNorm(affine(x)) steps lift a plane to at most 2 + 4 affine dimensions."""
+    gen = torch.Generator().manual_seed(0)
+    draw = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
+    rows = draw(64, 2) @ draw(2, 16)
+    for _ in range(4):  # two encoder layers without activations, two normalisations each
+        rows = torch.nn.functional.layer_norm(rows @ draw(16, 16) + draw(16), (16,))
+    assert affine_span_excess(rows, 2 + 4) < 1e-13
+    assert affine_span_excess(torch.relu(rows @ draw(16, 16)), 2 + 4) > 1e-3
 
 
 def test_dropout_check_is_not_applicable_without_dropout():
