@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.attention import explicit_attention
+from model.attention import MultiHeadAttention, explicit_attention
 from model.config import TransformerConfig
 from model.layers import FeedForward, PositionalEncoding, Residual, sinusoidal_table
 from model.objective import label_smoothed_loss
@@ -35,7 +35,7 @@ class Mutant:
     bug: str
     parts: dict[str, Any]
     caught_by: tuple[str, ...]
-    known_bug: bool = True  # one of the thirteen bugs known from real code
+    known_bug: bool = True  # one of the fourteen bugs known from real code
     model: type[Transformer] = Transformer  # a subclass that overrides one step, for bugs no Parts seam reaches
 
 
@@ -374,6 +374,32 @@ class DecoderFfnWithoutRelu(Transformer):
         super().__init__(cfg, parts)
         for layer in self.decoder:
             layer.ffn = LinearFeedForward(cfg)
+
+
+@register_mutant("no_layer_norm", bug="sub-layer connections x + Sublayer(x), the LayerNorm left out",
+                 caught_by=("layer_norm_outputs",), part="norm", known_bug=False)
+def no_layer_norm(d_model: int) -> nn.Module:
+    return nn.Identity()
+
+
+class HeadsByReshape(MultiHeadAttention):
+    """Splits heads with a reshape where a transpose belongs: (B, T, h*d) read as (B, h, T, d) mixes positions."""
+
+    def _heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.reshape(B, self.h, T, -1)
+
+
+@register_mutant("heads_by_reshape", bug="heads split by a reshape to (B, h, T, d) instead of a view and a transpose",
+                 caught_by=("causal_future_tokens", "permutation_encoder"))
+class HeadsSplitByReshape(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        for i, layer in enumerate(self.encoder):
+            layer.self_attn = HeadsByReshape(cfg, "encoder_self", i, parts.attend)
+        for i, layer in enumerate(self.decoder):
+            layer.self_attn = HeadsByReshape(cfg, "decoder_self", i, parts.attend)
+            layer.cross_attn = HeadsByReshape(cfg, "cross", i, parts.attend)
 
 
 @register_model("mutant", "a reference model with one known bug: mutant:NAME", takes="name")

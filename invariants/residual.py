@@ -1,4 +1,5 @@
-"""Invariant 7: residual connections (section 3.1): "the output of each sub-layer is LayerNorm(x + Sublayer(x))".
+"""Invariant 7: residual connections and layer normalisation (section 3.1): "the output of each sub-layer is
+LayerNorm(x + Sublayer(x))".
 
 With every weight matrix of the encoder's and decoder's sub-layers set to zero, a sub-layer computes a constant
 (its biases), so each layer is LayerNorm(x + constant): the input still reaches the output along the residual
@@ -6,6 +7,10 @@ path, and different tokens stay different. A stack that drops one residual conne
 LayerNorm(constant) there instead, the same vector at every position, and everything after it is the same too.
 The weight matrices are the 2-D trainable parameters that parameter_groups() files under "encoder" and "decoder",
 less the embedding and pre-softmax matrices; the check zeroes a fresh copy, never the subject's cached model.
+
+On the same zeroed copy, each layer is LayerNorm(x + constant): as the input embeddings grow, the constants
+vanish beside them and LayerNorm divides the scale away, so the outputs converge. A stack that leaves out its
+LayerNorm computes x + constants, and its outputs grow with the input.
 """
 from __future__ import annotations
 
@@ -16,11 +21,13 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import small_configs
 from invariants.engine import NotApplicable, invariant
+from invariants.behaviour import relative_change
 from invariants.subject import INIT_SEED, OWN_CONFIG, Overrides, Subject, seeded, tokens
 from model.protocol import Seq2SeqModel
 
-GROUP = "7 residual connections"
+GROUP = "7 residual connections and LayerNorm"
 TOKENS = 8  # distinct tokens in the probe sequence (fewer when the vocabulary is smaller)
+SCALES = (1e6, 1e10)  # input embedding sizes: constants of O(1) move a normalised output by ~1/scale
 
 
 def without_sublayer_weights(subject: Subject, config: Overrides) -> Seq2SeqModel:
@@ -62,3 +69,23 @@ def residual_paths(subject: Subject, case: tuple[Overrides, int]) -> tuple[float
     encoder, decoder = distinctness(memory[0]), distinctness(logits[0])
     lost = [name for name, d in (("encoder outputs", encoder), ("decoder logits", decoder)) if not d >= tol.RESIDUAL.value]
     return min(encoder, decoder), (f"{' and '.join(lost)} are the same at every position: a residual path is missing" if lost else "")
+
+
+@invariant(GROUP, tol.NORMALISED, pinned=lambda s: [(OWN_CONFIG, 0)],
+           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)))
+def layer_norm_outputs(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
+    """With the sub-layers' weight matrices zeroed, input embeddings of size 1e6 and 1e10 give the same encoder outputs and logits: each layer ends in LayerNorm (paper, section 3.1)."""
+    config, seed = case
+    model = without_sublayer_weights(subject, config)
+    cfg = model.config
+    gen = torch.Generator().manual_seed(seed)
+    source, target = torch.randn(2, 1, TOKENS, cfg.d_model, generator=gen, dtype=torch.float64)
+    pad = torch.zeros(1, TOKENS, dtype=torch.bool)
+    memories, logits = [], []
+    with torch.no_grad():
+        for scale in SCALES:
+            memories.append(model.encode(scale * source, pad))
+            logits.append(model.decode(scale * target, memories[-1], pad, pad))
+    encoder, decoder = relative_change(*memories, memories[-1]), relative_change(*logits, logits[-1])
+    grown = [name for name, change in (("encoder outputs", encoder), ("decoder logits", decoder)) if not change <= tol.NORMALISED.value]
+    return max(encoder, decoder), (f"{' and '.join(grown)} grow with the input: no LayerNorm after the residual sum" if grown else "")

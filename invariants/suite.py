@@ -18,7 +18,7 @@ PROPERTIES: list[Property] = [
     behaviour.fast_equals_explicit, behaviour.attention_scaling, behaviour.embedding_scaling,
     behaviour.gradients_reach_all,
     objective.loss_eps_zero_is_nll, objective.loss_smoothed_minimum, objective.loss_pad_normalisation,
-    residual.residual_paths, feedforward.ffn_nonlinear,
+    residual.residual_paths, residual.layer_norm_outputs, feedforward.ffn_nonlinear,
 ]
 BY_NAME = {p.name: p for p in PROPERTIES}
 

@@ -85,6 +85,12 @@ NONLINEAR = Tolerance(
     "without the activation the excess is float64 rounding, <= 3e-15",
     at_least=True,
 )
+NORMALISED = Tolerance(
+    1e-2,
+    "float64: with LayerNorm after each residual sum, constants of O(1) beside inputs of 1e6 and 1e10 move the "
+    "outputs by ~1e-6 relative (seen: <= 8e-6, four correct models, 3 seeds x 150 cases); without it "
+    "the outputs grow with the input and change by ~1 relative",
+)
 SCALING = Tolerance(
     1.0,
     "|log2| of the ratio of attention-logit spreads at d_k=d_model vs d_k=4: ~0 with 1/sqrt(d_k) (seen: < 0.3), "
