@@ -17,7 +17,7 @@ from invariants.mutants import MUTANTS  # importing it registers mutant:NAME in 
 from invariants.objective import loss_eps_zero_is_nll, loss_pad_normalisation, loss_smoothed_minimum
 from invariants.params import params_base, params_table3, params_tied_embeddings
 from invariants.permutation import permutation_cross_attention, permutation_encoder, permutation_positive_control
-from invariants.positional import pe_exact_values, pe_relative_linearity
+from invariants.positional import pe_exact_values, pe_relative_linearity, positions_distinguished
 from invariants.residual import layer_norm_outputs, residual_paths
 from invariants.softmax import fully_padded_rows, padding_probs_zero, softmax_rows
 from invariants.subject import Subject

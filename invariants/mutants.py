@@ -402,6 +402,14 @@ class HeadsSplitByReshape(Transformer):
             layer.cross_attn = HeadsByReshape(cfg, "cross", i, parts.attend)
 
 
+@register_mutant("decoder_without_pe", bug="positional encoding added in the encoder only, not to the decoder's embeddings",
+                 caught_by=("positions_distinguished",), known_bug=False)
+class DecoderWithoutPositions(Transformer):
+    def decode(self, tgt, memory, src_pad, tgt_pad, cache=None):
+        with self.pe.switched(False):
+            return super().decode(tgt, memory, src_pad, tgt_pad, cache)
+
+
 @register_model("mutant", "a reference model with one known bug: mutant:NAME", takes="name")
 def build(config: TransformerConfig, name: str | None) -> Transformer:
     """The reference model with mutant `name`'s bug; an unknown or missing name is a ValueError listing them."""

@@ -1,4 +1,9 @@
-"""Invariant 4: the sinusoidal positional encoding of section 3.5, by its algebra and by its exact values.
+"""Invariant 4: the positional encoding of section 3.5 reaches both stacks; its sinusoids, by algebra and values.
+
+`positions_distinguished` needs no access to the table: without positional information, attention over a
+sequence of one repeated token sees the same keys and values at every position (the decoder's causal prefix
+too), so every position computes the same output; the encoding added "at the bottoms of the encoder and decoder
+stacks" makes them differ.
 
 Two properties, kept apart because they fail for different reasons. `pe_relative_linearity` is the paper's
 stated reason for sinusoids: PE(p + k) is a linear function of PE(p), whatever order the sin and cos columns
@@ -20,12 +25,13 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import small_configs
 from invariants.engine import NotApplicable, invariant
-from invariants.subject import OWN_CONFIG, Overrides, Subject
+from invariants.subject import OWN_CONFIG, Overrides, Subject, distinctness, tokens
 
 GROUP = "4 positional encoding"
 POSITIONS = 1024  # rows of the table examined (fewer if max_len is smaller)
 ROWS_PER_DIM = 1.5  # a linear fit needs at least this many equations per unknown to mean anything
 SINUSOID_COLUMNS = 1e-3  # median column-recurrence residual below which a table counts as sinusoidal
+REPEATS = 8  # length of the one-token sequences
 
 
 def table(subject: Subject, config: Overrides) -> Tensor:
@@ -118,3 +124,23 @@ def pe_exact_values(subject: Subject, config_seed: tuple[Overrides, int]) -> tup
     values, expected = pe[p.long()], interleaved(p, d_model)
     error = (values - expected).abs().max().item()
     return error, layout_note(values, expected) if error > tol.PE_VALUES.value else ""
+
+
+def has_positions(subject: Subject) -> str | None:
+    return "config pe='none': the model is built without positional encoding" if subject.config.pe == "none" else None
+
+
+@invariant(GROUP, tol.POSITIONS, pinned=lambda s: [(OWN_CONFIG, 0)],
+           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)), applicable=has_positions)
+def positions_distinguished(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
+    """One token repeated gives different encoder outputs and different logits at every position: position information enters both stacks (paper, section 3.5)."""
+    config, seed = case
+    model = subject.model(config).eval()
+    token = tokens(model.config, (1, 1), torch.Generator().manual_seed(seed))
+    repeated = token.expand(1, min(REPEATS, model.config.max_len))
+    pad = torch.zeros_like(repeated, dtype=torch.bool)
+    memory = model.encode(repeated, pad)
+    logits = model.decode(repeated, memory, pad, pad)
+    encoder, decoder = distinctness(memory[0]), distinctness(logits[0])
+    alike = [name for name, d in (("encoder outputs", encoder), ("decoder logits", decoder)) if not d >= tol.POSITIONS.value]
+    return min(encoder, decoder), (f"{' and '.join(alike)} repeat at two positions: no positional encoding reaches that stack" if alike else "")

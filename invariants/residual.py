@@ -22,7 +22,7 @@ from invariants import tolerances as tol
 from invariants.cases import small_configs
 from invariants.engine import NotApplicable, invariant
 from invariants.behaviour import relative_change
-from invariants.subject import INIT_SEED, OWN_CONFIG, Overrides, Subject, seeded, tokens
+from invariants.subject import INIT_SEED, OWN_CONFIG, Overrides, Subject, distinctness, seeded, tokens
 from model.protocol import Seq2SeqModel
 
 GROUP = "7 residual connections and LayerNorm"
@@ -43,13 +43,6 @@ def without_sublayer_weights(subject: Subject, config: Overrides) -> Seq2SeqMode
             if p.dim() >= 2 and p.untyped_storage().data_ptr() not in kept:
                 p.zero_()
     return model
-
-
-def distinctness(rows: Tensor) -> float:
-    """The smallest max-abs difference between two rows of (n, d), relative to the largest entry (at least 1)."""
-    gaps = (rows[:, None] - rows[None]).abs().amax(-1)
-    gaps.fill_diagonal_(float("inf"))
-    return gaps.min().item() / max(1.0, rows.abs().max().item())
 
 
 @invariant(GROUP, tol.RESIDUAL, pinned=lambda s: [(OWN_CONFIG, 0)],

@@ -113,3 +113,10 @@ def relative_error(actual: Tensor, expected: Tensor) -> float:
         return 0.0
     scale = max(1.0, expected.abs().max().item())
     return (actual - expected).abs().max().item() / scale
+
+
+def distinctness(rows: Tensor) -> float:
+    """The smallest max-abs difference between two rows of (n, d), relative to the largest entry (at least 1)."""
+    gaps = (rows[:, None] - rows[None]).abs().amax(-1)
+    gaps.fill_diagonal_(float("inf"))
+    return gaps.min().item() / max(1.0, rows.abs().max().item())

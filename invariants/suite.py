@@ -12,7 +12,7 @@ PROPERTIES: list[Property] = [
     causal.causal_future_tokens, causal.causal_jacobian, causal.causal_future_probs, causal.cached_decoding,
     permutation.permutation_encoder, permutation.permutation_cross_attention, permutation.permutation_positive_control,
     softmax.softmax_rows, softmax.padding_probs_zero, softmax.fully_padded_rows,
-    positional.pe_relative_linearity, positional.pe_exact_values,
+    positional.pe_relative_linearity, positional.pe_exact_values, positional.positions_distinguished,
     params.params_base, params.params_table3, params.params_tied_embeddings,
     behaviour.padding_invariance, behaviour.batch_independence, behaviour.eval_determinism, behaviour.dropout_active,
     behaviour.fast_equals_explicit, behaviour.attention_scaling, behaviour.embedding_scaling,

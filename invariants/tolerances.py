@@ -58,6 +58,12 @@ PE_VALUES = Tolerance(
     1e-4,
     "a float32 table: sin(p * w) computed in float32 at p < 1024 is off by up to p * 6e-8 ~ 6e-5; the PE bugs are off by O(0.1)",
 )
+POSITIONS = Tolerance(
+    1e-9,
+    "positive control, float64: without positional information every position of a one-token sequence computes "
+    "the same sums, equal to ~1e-16; sinusoids added at the bottom of the stack move them apart by >= 1e-3",
+    at_least=True,
+)
 PARAMS = Tolerance(0.05, "a 5% band around the paper's printed parameter count (table 3), wide enough for a vocabulary the paper does not state")
 DROPOUT = Tolerance(
     1e-9,
