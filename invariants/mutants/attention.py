@@ -1,0 +1,136 @@
+"""Mutants of attention: the causal and padding masks, the softmax, the 1/sqrt(d_k) scaling, the split into heads."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from invariants.mutants.registry import CAUSAL, register_mutant
+from model.attention import MultiHeadAttention, explicit_attention
+from model.config import TransformerConfig
+from model.transformer import Parts, Transformer, causal_mask
+
+
+def _scores(q: Tensor, k: Tensor) -> Tensor:
+    return q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+
+
+# -- the thirteen bugs known from real code --------------------------------------------------------
+@register_mutant("causal_off_by_one", bug="causal mask off by one: each target position sees the next",
+                 caught_by=CAUSAL, part="causal_mask")
+def causal_off_by_one(queries: int, keys: int, offset: int, device=None) -> Tensor:
+    """Each query also sees the next position."""
+    return causal_mask(queries, keys, offset + 1, device)
+
+
+@register_mutant("no_causal_mask", bug="no causal mask in the decoder", caught_by=CAUSAL, part="causal_mask")
+def no_causal_mask(queries: int, keys: int, offset: int, device=None) -> Tensor:
+    return torch.ones(queries, keys, dtype=torch.bool, device=device)
+
+
+@register_mutant("mask_after_softmax", bug="mask applied after the softmax",
+                 caught_by=("causal_future_tokens", "causal_jacobian", "softmax_rows"), part="attend")
+def mask_after_softmax(q, k, v, allowed, need_weights):
+    """Softmax over every key, then zero the masked ones: rows stop summing to 1 and the future leaks via the sum."""
+    probs = torch.softmax(_scores(q, k), dim=-1) * allowed
+    return probs @ v, probs if need_weights else None
+
+
+@register_mutant("softmax_wrong_axis", bug="softmax over the query axis",
+                 caught_by=("causal_future_tokens", "causal_jacobian", "softmax_rows"), part="attend")
+def softmax_over_queries(q, k, v, allowed, need_weights):
+    """Softmax along the query axis (dim=-2) instead of the key axis."""
+    scores = _scores(q, k).masked_fill(~allowed, torch.finfo(q.dtype).min)
+    probs = torch.softmax(scores, dim=-2).masked_fill(~allowed, 0.0)
+    return probs @ v, probs if need_weights else None
+
+
+@register_mutant("no_attention_scaling", bug="attention logits not divided by sqrt(d_k)",
+                 caught_by=("attention_scaling",), part="attend")
+def unscaled_attention(q, k, v, allowed, need_weights):
+    """Q K^T without the 1/sqrt(d_k), on both paths."""
+    if need_weights:
+        return explicit_attention(q * math.sqrt(q.size(-1)), k, v, allowed)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0), None
+
+
+@register_mutant("padding_mask_ignored", bug="padding mask ignored: every key visible",
+                 caught_by=("padding_probs_zero", "padding_invariance"), part="key_mask")
+def padding_ignored(pad: Tensor) -> Tensor:
+    return torch.ones_like(pad)[:, None, None, :]
+
+
+@register_mutant("causal_everywhere", bug="causal mask also applied in the encoder and cross-attention",
+                 caught_by=("permutation_encoder", "permutation_cross_attention"), part="attend", known_bug=False)
+def causal_everywhere(q, k, v, allowed, need_weights):
+    """The decoder's causal mask also applied in the encoder and in cross-attention (masks mixed up)."""
+    both = allowed & causal_mask(q.size(-2), k.size(-2), 0, q.device)
+    out, probs = explicit_attention(q, k, v, both)
+    return out, probs if need_weights else None
+
+
+@register_mutant("mask_with_neg_inf", bug="masking with -inf: NaN on a row with nothing to attend to",
+                 caught_by=("fully_padded_rows",), part="attend", known_bug=False)
+def mask_with_neg_inf(q, k, v, allowed, need_weights):
+    """Masked scores set to -inf: a query with no visible key gets softmax(-inf, ..., -inf) = NaN."""
+    probs = torch.softmax(_scores(q, k).masked_fill(~allowed, float("-inf")), dim=-1)
+    return probs @ v, probs if need_weights else None
+
+
+@register_mutant("fast_path_ignores_mask", bug="fused attention path called without the mask",
+                 caught_by=("fast_equals_explicit", "padding_invariance"), part="attend", known_bug=False)
+def fast_path_ignores_mask(q, k, v, allowed, need_weights):
+    """The fused path called without the mask; the explicit path (probabilities requested) is right."""
+    if need_weights:
+        return explicit_attention(q, k, v, allowed)
+    return F.scaled_dot_product_attention(q, k, v), None
+
+
+@register_mutant("attention_over_d_k", bug="attention logits divided by d_k instead of sqrt(d_k)",
+                 caught_by=("attention_scaling",), part="attend", known_bug=False)
+def attention_over_d_k(q, k, v, allowed, need_weights):
+    """Q K^T / d_k: the square root forgotten, on both paths."""
+    if need_weights:
+        return explicit_attention(q / math.sqrt(q.size(-1)), k, v, allowed)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0 / q.size(-1)), None
+
+
+@register_mutant("attention_over_sqrt_d_model", bug="attention logits divided by sqrt(d_model) instead of sqrt(d_k)",
+                 caught_by=("attention_scaling",), part="attend", known_bug=False)
+def attention_over_sqrt_d_model(q, k, v, allowed, need_weights):
+    """Q K^T / sqrt(d_model) (= sqrt(h * d_k)): the model width where the head width belongs, on both paths."""
+    d_model = q.size(1) * q.size(-1)
+    if need_weights:
+        return explicit_attention(q * math.sqrt(q.size(-1) / d_model), k, v, allowed)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0 / math.sqrt(d_model)), None
+
+
+@register_mutant("cross_attention_unmasked", bug="source padding masked in the encoder but not in cross-attention",
+                 caught_by=("padding_probs_zero", "padding_invariance"), known_bug=False)
+class CrossAttentionUnmasked(Transformer):
+    """The source padding mask reaches the encoder but not cross-attention (memory_key_padding_mask forgotten)."""
+
+    def decode(self, tgt, memory, src_pad, tgt_pad, cache=None):
+        return super().decode(tgt, memory, torch.zeros_like(src_pad), tgt_pad, cache)
+
+
+class HeadsByReshape(MultiHeadAttention):
+    """Splits heads with a reshape where a transpose belongs: (B, T, h*d) read as (B, h, T, d) mixes positions."""
+
+    def _heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.reshape(B, self.h, T, -1)
+
+
+@register_mutant("heads_by_reshape", bug="heads split by a reshape to (B, h, T, d) instead of a view and a transpose",
+                 caught_by=("causal_future_tokens", "permutation_encoder"))
+class HeadsSplitByReshape(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        for i, layer in enumerate(self.encoder):
+            layer.self_attn = HeadsByReshape(cfg, "encoder_self", i, parts.attend)
+        for i, layer in enumerate(self.decoder):
+            layer.self_attn = HeadsByReshape(cfg, "decoder_self", i, parts.attend)
+            layer.cross_attn = HeadsByReshape(cfg, "cross", i, parts.attend)
