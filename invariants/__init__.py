@@ -21,6 +21,7 @@ from invariants.positional import pe_exact_values, pe_relative_linearity, positi
 from invariants.residual import layer_norm_outputs, residual_paths
 from invariants.softmax import fully_padded_rows, padding_probs_zero, softmax_rows
 from invariants.subject import Subject
+from invariants.sublayer_dropout import residual_dropout
 from invariants.suite import PROPERTIES, run_suite
 
 __all__ = ["MUTANTS", "PROPERTIES", "NotApplicable", "Property", "Result", "Subject", "run_suite", *(p.name for p in PROPERTIES)]

@@ -1,5 +1,5 @@
 """Invariant 7: residual connections and layer normalisation (section 3.1): "the output of each sub-layer is
-LayerNorm(x + Sublayer(x))".
+LayerNorm(x + Sublayer(x))"; where dropout goes is in sublayer_dropout.py.
 
 With every weight matrix of the encoder's and decoder's sub-layers set to zero, a sub-layer computes a constant
 (its biases), so each layer is LayerNorm(x + constant): the input still reaches the output along the residual
@@ -25,22 +25,29 @@ from invariants.behaviour import relative_change
 from invariants.subject import INIT_SEED, OWN_CONFIG, Overrides, Subject, distinctness, seeded, tokens
 from model.protocol import Seq2SeqModel
 
-GROUP = "7 residual connections and LayerNorm"
+GROUP = "7 residual connections, LayerNorm, dropout"
 TOKENS = 8  # distinct tokens in the probe sequence (fewer when the vocabulary is smaller)
 SCALES = (1e6, 1e10)  # input embedding sizes: constants of O(1) move a normalised output by ~1/scale
 
 
-def without_sublayer_weights(subject: Subject, config: Overrides) -> Seq2SeqModel:
-    """A fresh float64 copy of the subject with the encoder's and decoder's weight matrices zeroed."""
+def without_sublayer_weights(subject: Subject, config: Overrides, biases: bool = False) -> Seq2SeqModel:
+    """A fresh float64 copy of the subject with the encoder's and decoder's weight matrices zeroed.
+
+    With biases=True every other parameter of those groups is zeroed too, except the normalisations' (parameters
+    of modules whose class name says Norm): each sub-layer then computes exactly 0.
+    """
     with seeded(INIT_SEED):
         model = subject.build(config).double().eval()
     groups = model.parameter_groups()
     if not {"encoder", "decoder"} <= set(groups):
         raise NotApplicable(f"parameter_groups() names no encoder and decoder groups (it has {', '.join(groups)})")
     kept = {w.untyped_storage().data_ptr() for w in model.embedding_weights().values()}
+    norms = {p.untyped_storage().data_ptr() for m in model.modules() if "norm" in type(m).__name__.lower()
+             for p in m.parameters()}
     with torch.no_grad():
         for p in [*groups["encoder"], *groups["decoder"]]:
-            if p.dim() >= 2 and p.untyped_storage().data_ptr() not in kept:
+            address = p.untyped_storage().data_ptr()
+            if (p.dim() >= 2 and address not in kept) or (biases and p.dim() == 1 and address not in norms):
                 p.zero_()
     return model
 

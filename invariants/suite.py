@@ -4,7 +4,9 @@ from __future__ import annotations
 import hypothesis
 from tqdm import tqdm
 
-from invariants import behaviour, causal, feedforward, objective, params, permutation, positional, residual, softmax
+from invariants import (
+    behaviour, causal, feedforward, objective, params, permutation, positional, residual, softmax, sublayer_dropout,
+)
 from invariants.engine import Property, Result
 from invariants.subject import Factory, Subject
 
@@ -18,7 +20,7 @@ PROPERTIES: list[Property] = [
     behaviour.fast_equals_explicit, behaviour.attention_scaling, behaviour.embedding_scaling,
     behaviour.gradients_reach_all,
     objective.loss_eps_zero_is_nll, objective.loss_smoothed_minimum, objective.loss_pad_normalisation,
-    residual.residual_paths, residual.layer_norm_outputs, feedforward.ffn_nonlinear,
+    residual.residual_paths, residual.layer_norm_outputs, sublayer_dropout.residual_dropout, feedforward.ffn_nonlinear,
 ]
 BY_NAME = {p.name: p for p in PROPERTIES}
 

@@ -134,3 +134,41 @@ class DecoderFfnWithoutRelu(Transformer):
                  caught_by=("layer_norm_outputs",), part="norm", known_bug=False)
 def no_layer_norm(d_model: int) -> nn.Module:
     return nn.Identity()
+
+
+class DropoutAfterSum(Residual):
+    """LayerNorm(Dropout(x + Sublayer(x))): the residual stream dropped together with the sub-layer's output."""
+
+    def forward(self, x: Tensor, sublayer_out: Tensor) -> Tensor:
+        return self.norm(self.dropout(x + sublayer_out))
+
+
+class DropoutAfterNorm(Residual):
+    """Dropout(LayerNorm(x + Sublayer(x))): dropout moved past the normalisation."""
+
+    def forward(self, x: Tensor, sublayer_out: Tensor) -> Tensor:
+        return self.dropout(self.norm(x + sublayer_out))
+
+
+def with_connections(model: Transformer, connection: type[Residual], cfg: TransformerConfig, parts: Parts) -> None:
+    """Replace every sub-layer connection of the model's layers by `connection`."""
+    for layer in [*model.encoder, *model.decoder]:
+        for name, module in list(layer.named_children()):
+            if isinstance(module, Residual):
+                setattr(layer, name, connection(cfg, parts.norm, parts.dropout))
+
+
+@register_mutant("dropout_after_residual_sum", bug="dropout on the residual sum, LayerNorm(Dropout(x + Sublayer(x)))",
+                 caught_by=("residual_dropout",), known_bug=False)
+class ResidualSumDropped(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        with_connections(self, DropoutAfterSum, cfg, parts)
+
+
+@register_mutant("dropout_after_norm", bug="dropout after the LayerNorm, Dropout(LayerNorm(x + Sublayer(x)))",
+                 caught_by=("residual_dropout",), known_bug=False)
+class NormOutputDropped(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        with_connections(self, DropoutAfterNorm, cfg, parts)
