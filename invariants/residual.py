@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 from hypothesis import strategies as st
-from torch import Tensor
 
 from invariants import tolerances as tol
 from invariants.cases import small_configs
