@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from invariants import (
-    causal_future_probs, dropout_active, ffn_nonlinear, fully_padded_rows, pe_exact_values, pe_relative_linearity,
-    params_table3, permutation_positive_control, run_suite,
+    causal_future_probs, dropout_active, ffn_nonlinear, fully_padded_rows, loss_eps_zero_is_nll, loss_pad_normalisation,
+    loss_smoothed_minimum, params_table3, pe_exact_values, pe_relative_linearity, permutation_positive_control, run_suite,
 )
 from invariants import tolerances as tol
 from invariants.engine import ERROR, FAIL, NOT_APPLICABLE, PASS, Property, Subject
@@ -19,6 +19,7 @@ from invariants.__main__ import parse_replay
 from model import SpecError, Transformer
 from model.adapters.torch_nn import TorchTransformer
 from model.objective import learning_rate
+from model.transformer import Parts
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # torch.nn's nested-tensor notes
 SMALL = "N=1,d_model=16,h=2,d_k=8,d_v=8,d_ff=32,vocab_size=50"
@@ -111,6 +112,30 @@ def test_a_stack_linear_between_its_normalisations_stays_within_the_bound():
         rows = torch.nn.functional.layer_norm(rows @ draw(16, 16) + draw(16), (16,))
     assert affine_span_excess(rows, 2 + 4) < 1e-13
     assert affine_span_excess(torch.relu(rows @ draw(16, 16)), 2 + 4) > 1e-3
+
+
+def kl_to_smoothed(logits, target, pad_id, eps):
+    """The Annotated Transformer's loss: KL divergence to eps / (V - 2) on every token but the true one and padding."""
+    log_probs, flat = torch.log_softmax(logits, -1).flatten(0, 1), target.flatten()
+    q = torch.full_like(log_probs, eps / (logits.size(-1) - 2)).scatter_(1, flat[:, None], 1 - eps)
+    q[:, pad_id] = 0
+    q[flat == pad_id] = 0
+    return torch.nn.functional.kl_div(log_probs, q, reduction="sum") / (flat != pad_id).sum()
+
+
+def fairseq_smoothed(logits, target, pad_id, eps):
+    """fairseq's label_smoothed_nll_loss: eps / (V - 1) to each token other than the true one."""
+    log_probs, flat = torch.log_softmax(logits, -1).flatten(0, 1), target.flatten()
+    keep, other = flat != pad_id, eps / (logits.size(-1) - 1)
+    loss = -(1 - eps - other) * log_probs.gather(1, flat[:, None])[:, 0] - other * log_probs.sum(-1)
+    return loss[keep].sum() / keep.sum()
+
+
+@pytest.mark.parametrize("loss", [kl_to_smoothed, fairseq_smoothed])
+def test_label_smoothing_in_each_common_convention_passes_the_loss_checks(loss):
+    factory = lambda cfg: Transformer(cfg, Parts(loss=loss))
+    results = [check(factory, settings=few()) for check in (loss_smoothed_minimum, loss_eps_zero_is_nll, loss_pad_normalisation)]
+    assert [r.verdict for r in results] == [PASS] * 3, [r.reason for r in results]
 
 
 def test_dropout_check_is_not_applicable_without_dropout():
