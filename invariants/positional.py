@@ -1,20 +1,10 @@
 """Invariant 4: the positional encoding of section 3.5 reaches both stacks; its sinusoids, by algebra and values.
 
-`positions_distinguished` needs no access to the table: without positional information, attention over a
-sequence of one repeated token sees the same keys and values at every position (the decoder's causal prefix
-too), so every position computes the same output; the encoding added "at the bottoms of the encoder and decoder
-stacks" makes them differ.
-
-Two properties, kept apart because they fail for different reasons. `pe_relative_linearity` is the paper's
-stated reason for sinusoids: PE(p + k) is a linear function of PE(p), whatever order the sin and cos columns
-are stored in; it is fitted by least squares over clearly more positions than dimensions, so that no table
-passes by having too few rows to disagree with a linear map. `pe_exact_values` is the paper's exact table,
-sin and cos interleaved; a table in another layout fails it with a reason that says "layout".
-
-Whether a table is sinusoidal at all is measured, not read from the config (factories are handed
-pe='sinusoidal' whatever they build): every column of a sinusoidal table obeys x(p+1) + x(p-1) = 2 cos(w) x(p)
-for its own w. A table whose columns mostly do not (a learned one) makes both checks not applicable, with
-the measured residuals in the reason.
+`positions_distinguished` needs no access to the table: without positional information in its input, attention
+over a sequence of one repeated token averages identical values at every position (the decoder's causal prefix
+too), so every position computes the same output; the encoding added "to the input embeddings at the bottoms of
+the encoder and decoder stacks" makes them differ. Schemes that only reweight attention (relative biases, RoPE,
+ALiBi) average the same identical values, so they fail it: they are not the paper's encoding.
 """
 from __future__ import annotations
 
@@ -133,7 +123,7 @@ def has_positions(subject: Subject) -> str | None:
 @invariant(GROUP, tol.POSITIONS, pinned=lambda s: [(OWN_CONFIG, 0)],
            cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)), applicable=has_positions)
 def positions_distinguished(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
-    """One token repeated gives different encoder outputs and different logits at every position: position information enters both stacks (paper, section 3.5)."""
+    """One token repeated gives different encoder outputs and different logits at every position: positional encodings are added to both stacks' inputs (paper, section 3.5)."""
     config, seed = case
     model = subject.model(config).eval()
     token = tokens(model.config, (1, 1), torch.Generator().manual_seed(seed))
@@ -143,4 +133,4 @@ def positions_distinguished(subject: Subject, case: tuple[Overrides, int]) -> tu
     logits = model.decode(repeated, memory, pad, pad)
     encoder, decoder = distinctness(memory[0]), distinctness(logits[0])
     alike = [name for name, d in (("encoder outputs", encoder), ("decoder logits", decoder)) if not d >= tol.POSITIONS.value]
-    return min(encoder, decoder), (f"{' and '.join(alike)} repeat at two positions: no positional encoding reaches that stack" if alike else "")
+    return min(encoder, decoder), (f"{' and '.join(alike)} repeat at two positions: no positional encoding is added to that stack's input" if alike else "")
