@@ -76,7 +76,7 @@ def markdown(kill: dict[str, Any]) -> str:
         "",
         f"{sum(kill['caught'].values())} of {len(kill['mutants'])} mutants caught, at {where}. "
         "x = the property fails on the mutant (kills it); . = passes; - = not applicable; E = the check raised "
-        "(an error, which catches nothing). * = beyond the thirteen bugs known from real code: near misses of each "
+        f"(an error, which catches nothing). * = beyond the {sum(kill['known_bug'].values())} bugs known from real code: near misses of each "
         "property, so that every property is seen to fail on a plausible bug.",
         "",
         f"Regenerate: `{kill['command']}` (commit {kill['commit']}).",

@@ -17,7 +17,6 @@ def _scores(q: Tensor, k: Tensor) -> Tensor:
     return q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
 
 
-# -- the thirteen bugs known from real code --------------------------------------------------------
 @register_mutant("causal_off_by_one", bug="causal mask off by one: each target position sees the next",
                  caught_by=CAUSAL, part="causal_mask")
 def causal_off_by_one(queries: int, keys: int, offset: int, device=None) -> Tensor:
