@@ -59,5 +59,5 @@ def residual_dropout(subject: Subject, case: tuple[Overrides, int]) -> tuple[flo
     model.eval()
     dropped = [f"{name} ({share:.1%} as in eval)" for name, share in (("encoder outputs", encoder), ("decoder logits", decoder))
                if not share >= tol.RESIDUAL_DROPOUT.value]
-    return min(encoder, decoder), (f"{' and '.join(dropped)}: dropout reaches the residual stream, not only the "
-                                   f"sub-layer outputs (expected ~{(1 - P_DROP) ** 2:.0%})" if dropped else "")
+    return min(encoder, decoder), (f"{' and '.join(dropped)}, expected ~{(1 - P_DROP) ** 2:.0%}: dropout reaches the "
+                                   f"residual stream, or drops more than P_drop={P_DROP}" if dropped else "")

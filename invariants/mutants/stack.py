@@ -51,6 +51,12 @@ def dropout_never(p: float) -> nn.Module:
     return nn.Identity()
 
 
+@register_mutant("dropout_keep_probability", bug="P_drop taken as the probability to keep (TensorFlow's keep_prob): 1 - P_drop dropped",
+                 caught_by=("residual_dropout",), part="dropout", known_bug=False)
+def dropout_keep_probability(p: float) -> nn.Module:
+    return nn.Dropout(1 - p)
+
+
 @register_mutant("dropout_detaches", bug="hand-written dropout on x.data cuts the gradient",
                  caught_by=("gradients_reach_all",), part="dropout", known_bug=False)
 class DetachingDropout(nn.Dropout):
