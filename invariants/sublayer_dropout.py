@@ -17,8 +17,8 @@ from torch import Tensor
 
 from invariants import tolerances as tol
 from invariants.cases import small_configs
-from invariants.residual import GROUP, without_sublayer_weights
 from invariants.engine import invariant
+from invariants.residual import GROUP, without_sublayer_weights
 from invariants.subject import OWN_CONFIG, Overrides, Subject, seeded
 
 P_DROP = 0.3  # both coordinates of a two-hot survive a mask with probability 0.49
@@ -52,11 +52,10 @@ def residual_dropout(subject: Subject, case: tuple[Overrides, int]) -> tuple[flo
     pad = torch.zeros(SAMPLES, length, dtype=torch.bool)
     memory = model.encode(inputs, pad)
     logits = model.decode(inputs, memory, pad, pad)
-    model.train()
+    model.train()  # a fresh copy: nothing to restore
     with seeded(seed):
         encoder = share_as_in_eval(model.encode(inputs, pad), memory)
         decoder = share_as_in_eval(model.decode(inputs, memory, pad, pad), logits)
-    model.eval()
     dropped = [f"{name} ({share:.1%} as in eval)" for name, share in (("encoder outputs", encoder), ("decoder logits", decoder))
                if not share >= tol.RESIDUAL_DROPOUT.value]
     return min(encoder, decoder), (f"{' and '.join(dropped)}, expected ~{(1 - P_DROP) ** 2:.0%}: dropout reaches the "
