@@ -15,6 +15,8 @@ from invariants import (
 from invariants import tolerances as tol
 from invariants.engine import ERROR, FAIL, NOT_APPLICABLE, PASS, Property, Subject
 from invariants.feedforward import affine_span_excess
+from invariants.residual import without_sublayer_weights
+from invariants.sublayer_dropout import two_hot
 from invariants.__main__ import parse_replay
 from model import SpecError, Transformer
 from model.adapters.torch_nn import TorchTransformer
@@ -136,6 +138,22 @@ def test_label_smoothing_in_each_common_convention_passes_the_loss_checks(loss):
     factory = lambda cfg: Transformer(cfg, Parts(loss=loss))
     results = [check(factory, settings=few()) for check in (loss_smoothed_minimum, loss_eps_zero_is_nll, loss_pad_normalisation)]
     assert [r.verdict for r in results] == [PASS] * 3, [r.reason for r in results]
+
+
+def test_two_hot_probes_are_fixed_points_of_layer_norm_up_to_scale():
+    """residual_dropout relies on it: an embedding LayerNorm before the embedding dropout keeps a probe two-hot."""
+    probes = two_hot(4, 3, 16, torch.Generator().manual_seed(0))
+    normalised = torch.nn.functional.layer_norm(probes, (16,))
+    assert torch.allclose(normalised * probes.abs().amax(-1, keepdim=True) / normalised.abs().amax(-1, keepdim=True), probes)
+    assert ((probes != 0).sum(-1) == 2).all() and (probes.sum(-1) == 0).all()
+
+
+def test_zeroing_the_sublayers_keeps_the_layer_norms():
+    model = without_sublayer_weights(Subject(f"reference,{SMALL}"), {}, biases=True)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    linears = [m for m in [*model.encoder.modules(), *model.decoder.modules()] if isinstance(m, torch.nn.Linear)]
+    assert norms and all((n.weight == 1).all() for n in norms)
+    assert linears and all(not l.weight.any() and not l.bias.any() for l in linears)
 
 
 def test_dropout_check_is_not_applicable_without_dropout():
