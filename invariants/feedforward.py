@@ -67,4 +67,5 @@ def ffn_nonlinear(subject: Subject, case: tuple[Overrides, int]) -> tuple[float,
     flat = [f"{name} (at most {bound} affine dimensions)" for name, excess, bound
             in (("encoder outputs", encoder, encoder_bound), ("decoder logits", decoder, decoder_bound))
             if not excess >= tol.NONLINEAR.value]
-    return min(encoder, decoder), (f"{' and '.join(flat)}: an FFN without its activation" if flat else "")
+    return min(encoder, decoder), (f"{' and '.join(flat)}: only normalisation bends them (an FFN without its "
+                                   f"activation, or a stack whose output has lost its input)" if flat else "")

@@ -144,4 +144,5 @@ def positions_distinguished(subject: Subject, case: tuple[Overrides, int]) -> tu
     logits = model.decode(repeated, memory, pad, pad)
     encoder, decoder = distinctness(memory[0]), distinctness(logits[0])
     alike = [name for name, d in (("encoder outputs", encoder), ("decoder logits", decoder)) if not d >= tol.POSITIONS.value]
-    return min(encoder, decoder), (f"{' and '.join(alike)} repeat at two positions: no positional encoding is added to that stack's input" if alike else "")
+    return min(encoder, decoder), (f"{' and '.join(alike)} repeat at two positions: no positional encoding is added "
+                                   f"to that stack's input, or its output has lost its input" if alike else "")
