@@ -2,13 +2,15 @@
 CPU budget's scaled size (d_model, d_ff, d_k, d_v / 8), in one run with interleaved repetitions.
 
 Training: the reference; the reference with each of its speed choices undone (the fused attention kernel everywhere,
-torch's cross-entropy, Adam's per-parameter loop, torch's default thread count, and all of them at once), which
+torch's cross-entropy, Adam's per-parameter loop or its multi-tensor (foreach) form instead of the fused kernel,
+torch's default thread count, and all of them at once), which
 gives each choice's before/after ratio in the same run; the torch.nn.Transformer adapter; HF MarianMT at the same
 dims (pip install .[bench]). Every variant takes the same batches; a repetition runs one step of every variant in
 turn and medians are reported, so a change in the machine's load hits every variant alike. A GEMM calibration in
 each repetition turns a step's model FLOP rate into a fraction of what this machine's matrix multiply does.
 Decoding: beam 4 over the same sources, every system forced to the same output length: the reference, the reference
-with cross-attention keys and values copied per beam (as before), HF `generate`, CTranslate2 fp32.
+with cross-attention keys and values copied per beam or with every cached row copied at each step (as before),
+HF `generate`, CTranslate2 fp32.
 Writes reports/bench.md and reports/bench.json.
 """
 from __future__ import annotations
@@ -39,7 +41,7 @@ from ablations.grid import prepare_data
 from ablations.throughput import choose_threads, gemm_flops, throughput
 from ablations.train import ADAM_BETAS, ADAM_EPS, make_optimizer, train_step
 from model import Parts, Transformer, TransformerConfig, count_parameters, load_model
-from model.attention import explicit_attention
+from model.attention import KVCache, explicit_attention
 from model.batch import Batch
 from model.provenance import git_commit
 from model.registry import ModelSpec, parse_config_overrides
@@ -61,11 +63,11 @@ def torch_cross_entropy(logits, target, pad_id, eps):
 
 @dataclass(frozen=True)
 class Variant:
-    """One system to train: how to build it, whether Adam runs its per-parameter loop, which thread count."""
+    """One system to train: how to build it, which form of Adam (fused, foreach or loop), which thread count."""
 
     name: str
     build: Callable[[TransformerConfig], torch.nn.Module | None]
-    foreach: bool = True
+    adam: str = "fused"
     default_threads: bool = False  # torch's default (every core) instead of choose_threads
     sizes: tuple[str, ...] = ("base", "scaled")
 
@@ -75,10 +77,11 @@ VARIANTS = [
     Variant("reference", Transformer),
     Variant(UNDONE + "fused attention kernel everywhere", lambda c: Transformer(c, Parts(attend=fused_attention)), sizes=("scaled",)),
     Variant(UNDONE + "torch cross_entropy loss", lambda c: Transformer(c, Parts(loss=torch_cross_entropy)), sizes=("scaled",)),
-    Variant(UNDONE + "Adam per-parameter loop", Transformer, foreach=False, sizes=("scaled",)),
+    Variant(UNDONE + "Adam per-parameter loop", Transformer, adam="loop", sizes=("scaled",)),
+    Variant(UNDONE + "Adam multi-tensor (foreach), not fused", Transformer, adam="foreach", sizes=("scaled",)),
     Variant(UNDONE + "torch's default thread count", Transformer, default_threads=True),
     Variant(UNDONE + "all of the above", lambda c: Transformer(c, Parts(attend=fused_attention, loss=torch_cross_entropy)),
-            foreach=False, default_threads=True),
+            adam="loop", default_threads=True),
     Variant("torch.nn.Transformer adapter", lambda c: load_model(ModelSpec("torch-nn").with_config(c))),
     Variant("HF MarianMT, same dims", peers.hf_marian),
 ]
@@ -104,8 +107,8 @@ def bench_training(size: str, cfg: TransformerConfig, batches: list[Batch], warm
             skipped.append(f"{v.name}: {peers.MISSING}")
             continue
         model.train()
-        optimizer = (make_optimizer(model, torch.device("cpu")) if v.foreach else
-                     torch.optim.Adam(model.parameters(), lr=0.0, betas=ADAM_BETAS, eps=ADAM_EPS, foreach=False))
+        optimizer = (make_optimizer(model, torch.device("cpu")) if v.adam == "fused" else
+                     torch.optim.Adam(model.parameters(), lr=0.0, betas=ADAM_BETAS, eps=ADAM_EPS, foreach=v.adam == "foreach"))
         systems[v.name] = (model, optimizer, default_threads if v.default_threads else threads,
                            count_parameters(model.parameter_groups()))
     times: dict[str, list[float]] = {name: [] for name in systems}
@@ -139,16 +142,31 @@ def fixed_length_sources(src: list[list[int]], n: int, length: int) -> torch.Ten
     return torch.tensor(rows)
 
 
+class FullReorderCache(KVCache):
+    """The cache as it was: every cached self-attention row is copied at each step, whether its hypothesis moved or not."""
+
+    def reorder(self, index: torch.Tensor) -> None:
+        for name, (k, v) in self.kv.items():
+            if name in self._buffers:
+                for x in (k, v):
+                    x.copy_(x.index_select(0, index))
+
+
 def bench_decoding(size: str, cfg: TransformerConfig, src: torch.Tensor, extra: int, reps: int, threads: int) -> tuple[list[dict], list[str]]:
     """Beam 4 by every system on the same sources, each forced to src length + extra output tokens."""
     torch.manual_seed(0)
     reference = Transformer(cfg).eval()
     copied = Transformer(cfg).eval()
     copied.beams_share_memory = False  # the memory repeated per beam, its keys and values reordered every step
+    full_reorder = Transformer(cfg).eval()
+    full_reorder.new_cache = FullReorderCache
+    for other in (copied, full_reorder):  # the same weights, so that every variant decodes the same hypotheses
+        other.load_state_dict(reference.state_dict())
     out_len = src.size(1) + extra
     systems: dict[str, Callable[[], None]] = {
         "reference": lambda: beam_search(reference, src, src.eq(PAD), beam=4, extra_len=extra),
         UNDONE + "cross-attention keys/values per beam": lambda: beam_search(copied, src, src.eq(PAD), beam=4, extra_len=extra),
+        UNDONE + "every cached row copied at each step": lambda: beam_search(full_reorder, src, src.eq(PAD), beam=4, extra_len=extra),
     }
     skipped = []
     marian = peers.hf_marian(cfg)

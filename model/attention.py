@@ -21,11 +21,13 @@ Attend = Callable[[Tensor, Tensor, Tensor, Tensor, bool], "tuple[Tensor, Tensor 
 
 def explicit_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
     """softmax(Q K^T / sqrt(d_k)) V, spelled out so that the probabilities can be returned."""
-    # Masked keys get the dtype's lowest value added, not -inf: their probability is exactly 0, and a row
-    # with no visible key becomes uniform (not NaN) and is zeroed below. The mask is small (it broadcasts),
-    # so the bias costs one add on the scores instead of two masked fills.
-    bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, torch.finfo(q.dtype).min)
-    scores = torch.matmul(q * q.size(-1) ** -0.5, k.transpose(-2, -1)).add_(bias)  # (B, h, T_q, T_k)
+    scores = torch.matmul(q * q.size(-1) ** -0.5, k.transpose(-2, -1))  # (B, h, T_q, T_k)
+    if not bool(allowed.all()):  # a decoding step, or a batch without padding, has nothing to mask
+        # Masked keys get the dtype's lowest value added, not -inf: their probability is exactly 0, and a row
+        # with no visible key becomes uniform (not NaN) and is zeroed below. The mask is small (it broadcasts),
+        # so the bias costs one add on the scores, which is faster than a masked fill of them.
+        bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, torch.finfo(q.dtype).min)
+        scores.add_(bias)
     probs = torch.softmax(scores, dim=-1)
     seen = allowed.any(-1, keepdim=True)
     if not bool(seen.all()):
@@ -62,9 +64,9 @@ class KVCache:
     """Keys and values of earlier decoder steps (self-attention) and of the memory (cross-attention).
 
     Self-attention entries live in buffers that double when full, so that a step writes only its new position
-    (no concatenation of the whole past); `kv` holds their filled part. Beam search may pass the memory once per
-    sentence for all of its `beams` decoder rows: those cross-attention entries then have one row per sentence,
-    are shared by its beams, and `reorder` leaves them as they are.
+    (no concatenation of the whole past); `kv` holds their filled part, and `reorder` rewrites only the rows whose
+    hypothesis changed. Beam search may pass the memory once per sentence for all of its `beams` decoder rows: those
+    cross-attention entries then have one row per sentence, are shared by its beams, and `reorder` leaves them as they are.
     """
 
     def __init__(self, beams: int = 1) -> None:
@@ -72,7 +74,6 @@ class KVCache:
         self.length = 0  # target positions already decoded
         self.beams = beams  # decoder rows per memory row
         self._buffers: dict[str, tuple[Tensor, Tensor]] = {}  # self-attention storage that kv views
-        self._spare: dict[str, tuple[Tensor, Tensor]] = {}  # buffers of the same size that reorder copies into
 
     def append(self, name: str, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add new self-attention positions (B, h, T, d) to entry `name`; returns every position so far."""
@@ -89,24 +90,24 @@ class KVCache:
                 for new, old in zip(buffers, past):
                     new[:, :, :filled].copy_(old)
             self._buffers[name] = buffers
-            self._spare.pop(name, None)
         for buffer, x in zip(buffers, (k, v)):
             buffer[:, :, filled:needed].copy_(x)
         self.kv[name] = (buffers[0][:, :, :needed], buffers[1][:, :, :needed])
         return self.kv[name]
 
     def reorder(self, index: Tensor) -> None:
-        """Keep decoder rows `index` (beam search drops and duplicates hypotheses, within each sentence)."""
+        """Keep decoder rows `index` (beam search drops and duplicates hypotheses, within each sentence).
+
+        Self-attention rows that keep their own hypothesis stay where they are; only the others are copied, which
+        saves most of the copying of the whole past that a full reorder does at every step.
+        """
+        moved = index.ne(torch.arange(index.numel(), device=index.device)).nonzero().squeeze(1)
+        sources = index.index_select(0, moved)
         for name, (k, v) in list(self.kv.items()):
             if name in self._buffers:
-                filled = k.size(2)
-                spare = self._spare.get(name)
-                if spare is None or spare[0].size(0) != index.numel():
-                    spare = tuple(b.new_empty(index.numel(), *b.shape[1:]) for b in self._buffers[name])
-                for old, new in zip((k, v), spare):
-                    torch.index_select(old, 0, index, out=new[:, :, :filled])
-                self._spare[name], self._buffers[name] = self._buffers[name], spare
-                self.kv[name] = (spare[0][:, :, :filled], spare[1][:, :, :filled])
+                if moved.numel():
+                    for x in (k, v):  # views of the buffers: the rows are gathered first, then written in place
+                        x.index_copy_(0, moved, x.index_select(0, sources))
             elif self.beams == 1 or not name.startswith("cross"):  # not a memory shared by each sentence's beams
                 self.kv[name] = (k.index_select(0, index), v.index_select(0, index))
 
