@@ -83,6 +83,23 @@ def test_a_sinusoidal_table_is_judged_even_when_the_config_says_learned():
     assert pe_exact_values(sinusoidal_but_says_learned, settings=few()).verdict == PASS
 
 
+def annotated_float32_table(positions: int, d_model: int) -> torch.Tensor:
+    """The sinusoids as the Annotated Transformer computes them: frequencies from exp and log, all in float32."""
+    position = torch.arange(positions).unsqueeze(1)
+    frequency = torch.exp(torch.arange(0, d_model, 2) * -(math.log(10000.0) / d_model))
+    table = torch.zeros(positions, d_model)
+    table[:, 0::2], table[:, 1::2] = torch.sin(position * frequency), torch.cos(position * frequency)
+    return table
+
+
+def test_a_sinusoid_table_computed_in_float32_passes_the_pe_checks():
+    def annotated(config):
+        return Transformer(config, Parts(position_table=annotated_float32_table))
+
+    for prop in (pe_exact_values, pe_relative_linearity):
+        assert prop(annotated, settings=few()).verdict == PASS, prop.__name__
+
+
 def test_no_positional_encoding_makes_the_pe_checks_not_applicable():
     subject = Subject(f"reference,{SMALL},pe=none")
     for prop in (pe_exact_values, permutation_positive_control):
