@@ -99,6 +99,9 @@ def _config(row: Table3Row, runs: pd.DataFrame, base: dict[str, object]) -> dict
     tokens = mine["tokens_seen"].dropna() if "tokens_seen" in mine else pd.Series(dtype=float)
     config["steps"] = int(steps.median()) if len(steps) else math.nan
     config["tokens_seen"] = int(tokens.median()) if len(tokens) else math.nan
+    for speed in ("tokens_per_s", "gemm_fraction"):  # training throughput, median over the row's runs
+        values = mine[speed].dropna() if speed in mine else pd.Series(dtype=float)
+        config[speed] = float(values.median()) if len(values) else math.nan
     return config
 
 

@@ -1,7 +1,8 @@
 """Table 3 mirrored as Markdown (pandas to_markdown), a standalone HTML page and LaTeX booktabs (pandas Styler).
 
 HTML and LaTeX show the wide table: the paper's columns with blanks where a value equals base, and beside each of
-PPL, BLEU and params ours, the paper's, our change, the paper's change and the verdict. The Markdown is narrow enough
+PPL, BLEU and params ours, the paper's, our change, the paper's change and the verdict, then each row's training
+throughput (target and source tokens/s, and that rate's share of the machine's GEMM rate). The Markdown is narrow enough
 for a code host: each row's change to the configuration as text, the paper's and our PPL, BLEU and params side by
 side, and the changes with their verdicts in one compact column.
 """
@@ -90,6 +91,8 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
                       (METRIC_LABEL[m], "Δ ours"): delta, (METRIC_LABEL[m], "Δ paper"): paper_delta,
                       (METRIC_LABEL[m], "agree"): line[f"{m}_agree"]}
         cells[("", "seeds")] = str(line["seeds"])
+        cells[("training", "tok/s")] = "" if math.isnan(line["tokens_per_s"]) else f"{line['tokens_per_s']:,.0f}"
+        cells[("training", "GEMM share")] = "" if math.isnan(line["gemm_fraction"]) else f"{line['gemm_fraction']:.0%}"
         group = line["group"] if line["group"] in ("base", "big") else f"({line['group']})"
         records[(group, name)] = cells
     shown = pd.DataFrame.from_dict(records, orient="index")

@@ -59,7 +59,7 @@ def write_run(root: Path, row: str, seed: int, result: tuple[float, float] | Non
         "bleu_tokenized": None if result is None else bleu + 0.5,
         "sacrebleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
         "params": paper_architecture_params(config), "steps": steps, "tokens_seen": steps * 512, "wall_s": steps / 10,
-        "tokens_per_s": 1000.0 + seed, "mfu": None, "device": "cpu", "torch": "2.13.0", "commit": "abc1234",
+        "tokens_per_s": 1000.0 + seed, "gemm_fraction": 0.25 + seed / 100, "mfu": None, "device": "cpu", "torch": "2.13.0", "commit": "abc1234",
         "date": date.format(seed=seed), "config": config.to_dict(),
     }
     (run / "final.json").write_text(json.dumps(final))
@@ -249,6 +249,13 @@ def test_wide_table_blanks_configuration_equal_to_base_as_the_paper_prints_it(ta
     assert config.loc["big", ("", "d_model")] == "1024" and config.loc["big", ("", "train steps")] == str(STEPS * 3)
     assert config.loc["E1", ("", "N")] == "positional embedding instead of sinusoids"
     assert shown.loc["A1", ("PPL (dev)", "Δ ours")] == f"+1.00 ± {SE:.2f}"  # the change ± its standard error
+
+
+def test_wide_table_gives_each_rows_median_training_throughput_and_share_of_the_gemm_rate(table):
+    shown = table3_formats.display(table).droplevel(0)
+    assert shown.loc["base", ("training", "tok/s")] == "1,001"  # seeds 0, 1, 2: 1000, 1001, 1002 tokens/s
+    assert shown.loc["base", ("training", "GEMM share")] == "26%"
+    assert shown.loc["big", ("training", "tok/s")] == "1,000" and shown.loc["B1", ("training", "tok/s")] == ""  # B1 not run
 
 
 def test_markdown_header_says_what_produced_it(rendered):
