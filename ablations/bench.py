@@ -257,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default="runs", help="where the BPE cache lives")
     parser.add_argument("--sizes", default="base,scaled", help="base, scaled (every size / 8) or both (default)")
     parser.add_argument("--config", default="", help="overrides of the base config, e.g. N=2 (the scaled size is derived from it)")
-    parser.add_argument("--vocab", type=int, default=8000, help="BPE size: the scaled models' vocabulary (default 8000)")
+    cpu = budget("cpu")
+    parser.add_argument("--vocab", type=int, default=cpu.vocab_size,
+                        help=f"BPE size: the scaled models' vocabulary (default {cpu.vocab_size}, the cpu budget's)")
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: by model size and load)")
     parser.add_argument("--steps", type=int, default=None, help="timed training steps (default 3 at base, 12 scaled)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed first steps (default 1)")
