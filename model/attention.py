@@ -98,13 +98,16 @@ class KVCache:
     def reorder(self, index: Tensor) -> None:
         """Keep decoder rows `index` (beam search drops and duplicates hypotheses, within each sentence).
 
-        Self-attention rows that keep their own hypothesis stay where they are; only the others are copied, which
-        saves most of the copying of the whole past that a full reorder does at every step.
+        When the number of rows stays, self-attention rows that keep their own hypothesis stay where they are and only
+        the others are copied, which saves most of the copying of the whole past that a full reorder does at every step.
         """
         moved = index.ne(torch.arange(index.numel(), device=index.device)).nonzero().squeeze(1)
         sources = index.index_select(0, moved)
         for name, (k, v) in list(self.kv.items()):
-            if name in self._buffers:
+            if name in self._buffers and index.numel() != k.size(0):  # rows dropped or added: gather new buffers
+                self._buffers[name] = tuple(b.index_select(0, index) for b in self._buffers[name])
+                self.kv[name] = tuple(b[:, :, : k.size(2)] for b in self._buffers[name])
+            elif name in self._buffers:
                 if moved.numel():
                     for x in (k, v):  # views of the buffers: the rows are gathered first, then written in place
                         x.index_copy_(0, moved, x.index_select(0, sources))

@@ -127,8 +127,9 @@ def test_incremental_decoding_step_by_step_equals_one_full_forward_pass(grad):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.parametrize("order", [[2, 2, 0], [2, 0]], ids=["same rows", "a row dropped"])
 @pytest.mark.parametrize("grad", [True, False])
-def test_cache_reorder_follows_the_beam(grad):
+def test_cache_reorder_follows_the_beam(grad, order):
     model = Transformer(TINY).double().eval()
     src, tgt, src_pad, _ = batch()
     with torch.set_grad_enabled(grad):
@@ -136,10 +137,10 @@ def test_cache_reorder_follows_the_beam(grad):
         no_pad = torch.zeros_like(tgt, dtype=torch.bool)
         cache = model.new_cache()
         model.decode(tgt[:, :2], memory, src_pad, no_pad[:, :2], cache)
-        order = torch.tensor([2, 2, 0])
+        order = torch.tensor(order)
         cache.reorder(order)
-        step = model.decode(tgt[order, 2:3], memory[order], src_pad[order], no_pad[:, 2:3], cache)
-        full = model.decode(tgt[order, :3], memory[order], src_pad[order], no_pad[:, :3])
+        step = model.decode(tgt[order, 2:3], memory[order], src_pad[order], no_pad[order, 2:3], cache)
+        full = model.decode(tgt[order, :3], memory[order], src_pad[order], no_pad[order, :3])
     torch.testing.assert_close(step[:, 0], full[:, 2], atol=1e-10, rtol=1e-10)
 
 
