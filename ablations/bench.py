@@ -3,8 +3,7 @@ CPU budget's scaled size (d_model, d_ff, d_k, d_v / 8), in one run with interlea
 
 Training: the reference; the reference with each of its speed choices undone (the fused attention kernel everywhere,
 torch's cross-entropy, Adam's per-parameter loop or its multi-tensor (foreach) form instead of the fused kernel,
-torch's default thread count, and all of them at once), which
-gives each choice's before/after ratio in the same run; the torch.nn.Transformer adapter; HF MarianMT at the same
+torch's default thread count, and all of them at once), which gives each choice's before/after ratio in the same run; the torch.nn.Transformer adapter; HF MarianMT at the same
 dims (pip install .[bench]). Every variant takes the same batches; a repetition runs one step of every variant in
 turn and medians are reported, so a change in the machine's load hits every variant alike. A GEMM calibration in
 each repetition turns a step's model FLOP rate into a fraction of what this machine's matrix multiply does.
@@ -143,13 +142,23 @@ def fixed_length_sources(src: list[list[int]], n: int, length: int) -> torch.Ten
 
 
 class FullReorderCache(KVCache):
-    """The cache as it was: every cached self-attention row is copied at each step, whether its hypothesis moved or not."""
+    """The cache as it was: at each step every cached self-attention row is gathered into a second set of buffers,
+    which then swap with the first, whether its hypothesis moved or not."""
+
+    def __init__(self, beams: int = 1) -> None:
+        super().__init__(beams)
+        self._spare: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def reorder(self, index: torch.Tensor) -> None:
-        for name, (k, v) in self.kv.items():
+        for name, (k, v) in list(self.kv.items()):
             if name in self._buffers:
-                for x in (k, v):
-                    x.copy_(x.index_select(0, index))
+                buffers, spare = self._buffers[name], self._spare.get(name)
+                if spare is None or spare[0].shape != buffers[0].shape:  # append grew the buffers
+                    spare = tuple(torch.empty_like(b) for b in buffers)
+                for old, new in zip((k, v), spare):
+                    torch.index_select(old, 0, index, out=new[:, :, : k.size(2)])
+                self._spare[name], self._buffers[name] = buffers, spare
+                self.kv[name] = tuple(b[:, :, : k.size(2)] for b in spare)
 
 
 def bench_decoding(size: str, cfg: TransformerConfig, src: torch.Tensor, extra: int, reps: int, threads: int) -> tuple[list[dict], list[str]]:

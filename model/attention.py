@@ -104,15 +104,15 @@ class KVCache:
         moved = index.ne(torch.arange(index.numel(), device=index.device)).nonzero().squeeze(1)
         sources = index.index_select(0, moved)
         for name, (k, v) in list(self.kv.items()):
-            if name in self._buffers and index.numel() != k.size(0):  # rows dropped or added: gather new buffers
+            if name not in self._buffers:
+                if self.beams == 1 or not name.startswith("cross"):  # not a memory shared by each sentence's beams
+                    self.kv[name] = (k.index_select(0, index), v.index_select(0, index))
+            elif index.numel() != k.size(0):  # rows dropped or added: gather new buffers
                 self._buffers[name] = tuple(b.index_select(0, index) for b in self._buffers[name])
                 self.kv[name] = tuple(b[:, :, : k.size(2)] for b in self._buffers[name])
-            elif name in self._buffers:
-                if moved.numel():
-                    for x in (k, v):  # views of the buffers: the rows are gathered first, then written in place
-                        x.index_copy_(0, moved, x.index_select(0, sources))
-            elif self.beams == 1 or not name.startswith("cross"):  # not a memory shared by each sentence's beams
-                self.kv[name] = (k.index_select(0, index), v.index_select(0, index))
+            elif moved.numel():
+                for x in (k, v):  # views of the buffers: the rows are gathered first, then written in place
+                    x.index_copy_(0, moved, x.index_select(0, sources))
 
 
 class MultiHeadAttention(nn.Module):

@@ -95,13 +95,10 @@ def _config(row: Table3Row, runs: pd.DataFrame, base: dict[str, object]) -> dict
         config = {c: mine.iloc[0][c] for c in CONFIG_COLUMNS}
     else:
         config = {**base, **row.changes}
-    steps = mine["steps"].dropna() if "steps" in mine else pd.Series(dtype=float)
-    tokens = mine["tokens_seen"].dropna() if "tokens_seen" in mine else pd.Series(dtype=float)
-    config["steps"] = int(steps.median()) if len(steps) else math.nan
-    config["tokens_seen"] = int(tokens.median()) if len(tokens) else math.nan
-    for speed in ("tokens_per_s", "gemm_fraction"):  # training throughput, median over the row's runs
-        values = mine[speed].dropna() if speed in mine else pd.Series(dtype=float)
-        config[speed] = float(values.median()) if len(values) else math.nan
+    # the row's median over its runs: steps and tokens seen, and the training throughput
+    for column, kind in (("steps", int), ("tokens_seen", int), ("tokens_per_s", float), ("gemm_fraction", float)):
+        values = mine[column].dropna() if column in mine else pd.Series(dtype=float)
+        config[column] = kind(values.median()) if len(values) else math.nan
     return config
 
 

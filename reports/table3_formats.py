@@ -2,7 +2,7 @@
 
 HTML and LaTeX show the wide table: the paper's columns with blanks where a value equals base, and beside each of
 PPL, BLEU and params ours, the paper's, our change, the paper's change and the verdict, then each row's training
-throughput (target and source tokens/s, and that rate's share of the machine's GEMM rate). The Markdown is narrow enough
+throughput (source + target tokens/s, and that rate's share of the machine's GEMM rate). The Markdown is narrow enough
 for a code host: each row's change to the configuration as text, the paper's and our PPL, BLEU and params side by
 side, and the changes with their verdicts in one compact column.
 """
