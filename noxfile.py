@@ -39,6 +39,8 @@ def report(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
-    """Benchmark the training step and beam search beside HF MarianMT and CTranslate2; writes reports/bench.md."""
+    """Benchmark the training step and beam search beside HF MarianMT and CTranslate2, then profile them where the time
+    goes; writes reports/bench.md and reports/profile.md."""
     session.install("-e", ".[bench]")
     session.run("python", "-m", "ablations.bench", *session.posargs)
+    session.run("python", "-m", "ablations.profiling")

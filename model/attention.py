@@ -139,7 +139,8 @@ class MultiHeadAttention(nn.Module):
         k, v = self._heads(self.w_k(source)), self._heads(self.w_v(source))
         if cache is not None and self.kind == "decoder_self":
             return cache.append(name, k, v)
-        if cache is not None:
+        if cache is not None:  # stored contiguous: each step's matmuls then read them in place instead of copying them
+            k, v = k.contiguous(), v.contiguous()
             cache.kv[name] = (k, v)
         return k, v
 

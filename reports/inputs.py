@@ -23,7 +23,7 @@ KILL_MATRIX = "kill_matrix.json"
 ABLATIONS_COMMAND = "nox -s ablations -- run --budget {budget} && nox -s ablations -- publish --budget {budget}"
 INVARIANTS_COMMAND = "nox -s invariants -- --model {model}"
 KILL_MATRIX_COMMAND = "nox -s invariants -- --kill-matrix"
-BENCH_REPORTS = ("bench.md", "bench.json")  # written into reports/ by `nox -s bench`
+BENCH_REPORTS = ("bench.md", "bench.json", "profile.md")  # written into reports/ by `nox -s bench`
 BENCH_COMMAND = "nox -s bench"
 
 

@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from ablations import profiling
 from ablations.bench import main
 from ablations.throughput import choose_threads
 from model import TransformerConfig
@@ -46,3 +47,17 @@ def test_thread_count_is_the_request_else_omp_num_threads_else_one_for_small_mod
     assert choose_threads(small) == 2
     with pytest.raises(ValueError, match="threads=0 must be at least 1"):
         choose_threads(small, requested=0)
+
+
+@needs_data
+def test_profile_shares_of_training_and_beam_search_sum_to_one(tmp_path):
+    out = tmp_path / "profile.md"
+    code = profiling.main(["--steps", "1", "--decode-sentences", "2", "--decode-length", "6", "--extra", "2",
+                           "--out", str(out), "--runs", str(tmp_path / "runs")])
+    assert code == 0
+    report = out.read_text()
+    for title in ("training step", "beam search"):
+        table = report.split(f"| {title} | share of op time |")[1].split("\n\n")[0]
+        shares = [float(line.rsplit("|", 2)[1].strip(" %")) for line in table.splitlines()[2:]]
+        assert shares and sum(shares) == pytest.approx(100, abs=0.1 * len(shares))
+    assert "GEMM (mm, bmm, addmm)" in report and "d_model 8" in report

@@ -1,0 +1,141 @@
+"""`python -m ablations.profiling`: where the time of the CPU budget's training step and of beam search goes.
+
+Shares of CPU time by kind of operation (torch.profiler, self time of each aten op), for the scaled base model (the
+cpu budget's sizes and vocabulary) on one thread: a training step on Multi30k dev batches of the budget's size, and
+beam search (beam 4, sources of fixed length, every hypothesis forced to the same output length, as in the
+benchmark). It also times beam search with a model of width d_model / 8 beside the scaled one: what does not shrink
+with the width is fixed cost per operation (Python, dispatch), not arithmetic. Writes reports/profile.md, the
+figures docs/benchmark.md quotes.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ablations.batching import BatchStream
+from ablations.bench import fixed_length_sources, machine, scaled
+from ablations.bpe import PAD
+from ablations.budgets import budget
+from ablations.data import data_dir
+from ablations.decoding import beam_search
+from ablations.grid import prepare_data
+from ablations.train import make_optimizer, train_step
+from model import Transformer, TransformerConfig
+
+KINDS: dict[str, tuple[str, ...]] = {  # kind -> aten ops (self time); every other op counts as "other"
+    "GEMM (mm, bmm, addmm)": ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"),
+    "softmax": ("aten::_softmax", "aten::_softmax_backward_data"),
+    "log-softmax, loss": ("aten::_log_softmax", "aten::_log_softmax_backward_data", "aten::exp", "aten::log",
+                          "aten::logsumexp", "aten::gather", "aten::scatter", "aten::scatter_add_"),
+    "dropout masks": ("aten::bernoulli_", "aten::native_dropout", "aten::native_dropout_backward"),
+    "copies, gathers, cache writes": ("aten::copy_", "aten::index_select", "aten::index_copy_", "aten::cat",
+                                      "aten::index", "aten::embedding_dense_backward", "aten::fill_", "aten::zero_"),
+    "LayerNorm": ("aten::native_layer_norm", "aten::native_layer_norm_backward"),
+    "top-k over the vocabulary": ("aten::topk", "aten::sort"),
+    "optimizer (fused Adam)": ("aten::_fused_adam_",),
+}
+
+
+def shares(work: Callable[[], object]) -> dict[str, float]:
+    """Share of the ops' self CPU time per kind, over one profiled call of work (after one untimed call)."""
+    work()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        work()
+    kind_of = {op: kind for kind, ops in KINDS.items() for op in ops}
+    times: dict[str, float] = defaultdict(float)
+    for event in (e for e in prof.key_averages() if e.key.startswith("aten::")):  # not annotations, autograd's nodes
+        times[kind_of.get(event.key, "other (elementwise, reductions, views)")] += event.self_cpu_time_total
+    total = sum(times.values())
+    return {kind: t / total for kind, t in sorted(times.items(), key=lambda item: -item[1])}
+
+
+def cpu_seconds(work: Callable[[], object], repeats: int) -> float:
+    """Median CPU time of work (process time: another process on the machine does not count)."""
+    times = []
+    for _ in range(repeats):
+        start = time.process_time()
+        work()
+        times.append(time.process_time() - start)
+    return statistics.median(times)
+
+
+def table(title: str, share: dict[str, float]) -> list[str]:
+    return [f"| {title} | share of op time |", "|---|---|", *(f"| {kind} | {s:.1%} |" for kind, s in share.items()), ""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ablations.profiling", description=__doc__.split("\n")[0])
+    parser.add_argument("--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)")
+    parser.add_argument("--runs", default="runs", help="where the BPE cache lives")
+    parser.add_argument("--steps", type=int, default=20, help="training steps profiled and timed (default 20)")
+    parser.add_argument("--decode-sentences", type=int, default=32, help="sources to beam-search (default 32)")
+    parser.add_argument("--decode-length", type=int, default=20, help="tokens per source (default 20)")
+    parser.add_argument("--extra", type=int, default=50, help="output tokens beyond the source length (default 50)")
+    parser.add_argument("--out", default=str(Path("reports") / "profile.md"))
+    args = parser.parse_args(argv)
+    cpu = budget("cpu")
+    try:
+        b = budget("smoke").replace(vocab_size=cpu.vocab_size, max_train_pairs=None, dev_pairs=None)
+        data = prepare_data(b, "multi30k", data_dir(args.data), Path(args.runs))
+        src = fixed_length_sources(data.dev_src, args.decode_sentences, args.decode_length)
+    except ValueError as exc:  # DataError, too few long sources
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    cfg = scaled(TransformerConfig(), cpu.vocab_size)
+    torch.manual_seed(0)
+    model = Transformer(cfg)
+    optimizer = make_optimizer(model, torch.device("cpu"))
+    stream = BatchStream(data.dev_src, data.dev_tgt, cpu.batch_tokens, seed=0)
+    batches = [stream.next() for _ in range(args.steps)]
+
+    def train() -> None:
+        model.train()
+        for batch in batches:
+            train_step(model, model.loss, optimizer, [batch], 1e-4)
+
+    def decoder(m: Transformer) -> Callable[[], object]:
+        m.eval()
+        return lambda: beam_search(m, src, src.eq(PAD), beam=4, extra_len=args.extra)
+
+    narrow = Transformer(scaled(cfg, cfg.vocab_size))  # every size / 8 once more: d_model 8
+    with torch.no_grad():
+        decode_shares = shares(decoder(model))
+        wide_s, narrow_s = cpu_seconds(decoder(model), 3), cpu_seconds(decoder(narrow), 3)
+    train_shares = shares(train)
+    step_s = cpu_seconds(train, 1) / len(batches)
+    meta = machine()
+    lines = [
+        "# Where the time goes: the cpu budget's training step and beam search",
+        "",
+        f"Generated by `python -m ablations.profiling {' '.join(argv if argv is not None else sys.argv[1:])}`".rstrip() +
+        f" on {meta['date']}, commit {meta['commit']}, {meta['cpu']}, 1 thread, torch {meta['torch']}. Shares of the",
+        "aten ops' self CPU time (torch.profiler); Python and autograd between ops are not in them.",
+        "",
+        f"Training: the scaled base model (d_model {cfg.d_model}, {cfg.vocab_size}-token vocabulary), {len(batches)} steps on "
+        f"Multi30k dev batches of {cpu.batch_tokens} tokens, fused Adam: {step_s * 1e3:.0f} ms CPU per step.",
+        "",
+        *table("training step", train_shares),
+        f"Beam search: beam 4, {src.size(0)} sources of {src.size(1)} tokens, {src.size(1) + args.extra} output tokens each: "
+        f"{wide_s:.2f} s CPU. The same search with d_model {cfg.d_model // 8} (every size / 8 once more: 1/64 of the "
+        f"arithmetic in the layers' linear maps, 1/8 in attention and the vocabulary projection): {narrow_s:.2f} s, {narrow_s / wide_s:.0%} of it.",
+        "",
+        *table("beam search", decode_shares),
+    ]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
+    print(out.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
