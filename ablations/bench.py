@@ -10,6 +10,7 @@ each repetition turns a step's model FLOP rate into a fraction of what this mach
 Decoding: beam 4 over the same sources, every system forced to the same output length: the reference, the reference
 with cross-attention keys and values copied per beam or with every cached row copied at each step (as before),
 HF `generate`, CTranslate2 fp32.
+Times are wall-clock, or with `--clock cpu` this process's CPU time (for a machine that other work keeps busy).
 Writes reports/bench.md and reports/bench.json.
 """
 from __future__ import annotations
@@ -46,6 +47,7 @@ from model.provenance import git_commit
 from model.registry import ModelSpec, parse_config_overrides
 
 SCALE = 8  # the CPU budget's sizes
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 def fused_attention(q, k, v, allowed, need_weights):
@@ -96,7 +98,8 @@ def alternate(items, repetition: int) -> list:
     return items if repetition % 2 == 0 else items[::-1]
 
 
-def bench_training(size: str, cfg: TransformerConfig, batches: list[Batch], warmup: int, threads: int) -> tuple[list[dict], list[str]]:
+def bench_training(size: str, cfg: TransformerConfig, batches: list[Batch], warmup: int, threads: int,
+                   clock: Callable[[], float] = time.perf_counter) -> tuple[list[dict], list[str]]:
     """Interleaved training steps of every variant on the same batches; returns results and skipped-peer lines."""
     systems, skipped, default_threads = {}, [], os.cpu_count() or 1
     for v in (v for v in VARIANTS if size in v.sizes):
@@ -115,13 +118,13 @@ def bench_training(size: str, cfg: TransformerConfig, batches: list[Batch], warm
     for i, batch in enumerate(tqdm(batches, desc=f"train {size}", unit="rep", leave=False)):
         for n in sorted({s[2] for s in systems.values()}):
             torch.set_num_threads(n)
-            gemm.setdefault(n, []).append(gemm_flops(torch.device("cpu")))
+            gemm.setdefault(n, []).append(gemm_flops(torch.device("cpu"), clock=clock))
         for name, (model, optimizer, n, _) in alternate(systems.items(), i):
             torch.set_num_threads(n)
-            start = time.perf_counter()
+            start = clock()
             train_step(model, model.loss, optimizer, [batch], 1e-4)
             if i >= warmup:
-                times[name].append(time.perf_counter() - start)
+                times[name].append(clock() - start)
     torch.set_num_threads(threads)
     timed = batches[warmup:]
     src, tgt = statistics.mean(b.src_tokens for b in timed), statistics.mean(b.tgt_tokens for b in timed)
@@ -161,7 +164,8 @@ class FullReorderCache(KVCache):
                 self.kv[name] = tuple(b[:, :, : k.size(2)] for b in spare)
 
 
-def bench_decoding(size: str, cfg: TransformerConfig, src: torch.Tensor, extra: int, reps: int, threads: int) -> tuple[list[dict], list[str]]:
+def bench_decoding(size: str, cfg: TransformerConfig, src: torch.Tensor, extra: int, reps: int, threads: int,
+                   clock: Callable[[], float] = time.perf_counter) -> tuple[list[dict], list[str]]:
     """Beam 4 by every system on the same sources, each forced to src length + extra output tokens."""
     torch.manual_seed(0)
     reference = Transformer(cfg).eval()
@@ -194,9 +198,9 @@ def bench_decoding(size: str, cfg: TransformerConfig, src: torch.Tensor, extra: 
     with torch.no_grad():
         for i in tqdm(range(reps), desc=f"decode {size}", unit="rep", leave=False):
             for name, run in alternate(systems.items(), i):
-                start = time.perf_counter()
+                start = clock()
                 run()
-                times[name].append(time.perf_counter() - start)
+                times[name].append(clock() - start)
     tokens = src.size(0) * out_len
     return [{"size": size, "system": name, "threads": threads, "sentences": src.size(0), "output_length": out_len,
              "s": statistics.median(t), "output_tokens_per_s": tokens / statistics.median(t)} for name, t in times.items()], skipped
@@ -209,6 +213,14 @@ def machine() -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
+CLOCK_NOTES = {
+    "wall": "Times are wall-clock: on a loaded machine other processes take the cores at random moments, which "
+            "interleaving spreads over every system but does not remove (rerun idle, or with `--clock cpu`).",
+    "cpu": "Times are this process's CPU time (`--clock cpu`), which other processes' load does not enter, so the "
+           "ratios hold on a busy machine; a row on more than one thread sums its threads' time (total work, not latency).",
+}
+
+
 def markdown(meta: dict, training: list[dict], decoding: list[dict], skipped: list[str]) -> str:
     rates = {(r["size"], r["threads"]): r["gemm_flops_per_s"] for r in training}
     gemm = ", ".join(f"{rate / 1e9:.0f} GFLOP/s on {n} thread{'s' * (n > 1)} ({size})" for (size, n), rate in rates.items())
@@ -216,8 +228,8 @@ def markdown(meta: dict, training: list[dict], decoding: list[dict], skipped: li
         "# Benchmark: training step and beam search beside real peers, base and scaled (/8) sizes", "",
         f"Measured by `nox -s bench{' -- ' + meta['args'] if meta['args'] else ''}` on {meta['cpu']} ({meta['cores']} cores), "
         f"torch {meta['torch']}, commit {meta['commit']}, {meta['date']}. Load average (1 min) {meta['load_before']:.1f} at the "
-        f"start and {meta['load_after']:.1f} at the end on {meta['cores']} cores: other processes ran throughout, so every "
-        "figure is the median of repetitions interleaved across systems, which share the load alike.", "",
+        f"start and {meta['load_after']:.1f} at the end on {meta['cores']} cores. Every figure is the median of repetitions "
+        f"interleaved across systems. {CLOCK_NOTES[meta['clock']]}", "",
         f"Training: {', '.join(f'{meta[k]} ({k[6:]})' for k in meta if k.startswith('steps_'))} timed steps after {meta['warmup']} warm-up step(s), the same {meta['preset']} dev "
         f"batches of about {meta['batch_tokens']} source and target positions for every system, fp32; token ids from a "
         f"{meta['vocab']}-token BPE (the scaled models' vocabulary; the base models keep the paper's 37000 entries). "
@@ -277,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-length", type=int, default=20, help="tokens per source (default 20)")
     parser.add_argument("--extra", type=int, default=50, help="output tokens beyond the source length (default 50)")
     parser.add_argument("--decode-reps", type=int, default=3, help="interleaved decoding repetitions (default 3)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall (default), or cpu: this process's CPU time, which other processes' load does not enter")
     parser.add_argument("--out", default=str(Path("reports") / "bench.md"))
     args = parser.parse_args(argv)
     try:
@@ -292,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # DataError, a bad --config or --sizes
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    meta = {**machine(), "load_before": os.getloadavg()[0], "preset": args.preset, "vocab": args.vocab,
+    meta = {**machine(), "load_before": os.getloadavg()[0], "clock": args.clock, "preset": args.preset, "vocab": args.vocab,
             "batch_tokens": args.batch_tokens, "warmup": args.warmup, "decode_length": args.decode_length, "extra": args.extra, "args": " ".join(argv if argv is not None else sys.argv[1:])}
     training, decoding, skipped, threads = [], [], [], {}
     for size in chosen:
@@ -301,9 +315,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads[size])
         steps = args.steps or (3 if size == "base" else 12)
         stream = BatchStream(data.dev_src, data.dev_tgt, args.batch_tokens, seed=0)
-        rows, missing = bench_training(size, cfg, [stream.next() for _ in range(args.warmup + steps)], args.warmup, threads[size])
+        rows, missing = bench_training(size, cfg, [stream.next() for _ in range(args.warmup + steps)], args.warmup, threads[size],
+                                       CLOCKS[args.clock])
         training += rows
-        rows, missing_decoders = bench_decoding(size, cfg, sources[size], args.extra, args.decode_reps, threads[size])
+        rows, missing_decoders = bench_decoding(size, cfg, sources[size], args.extra, args.decode_reps, threads[size],
+                                                   CLOCKS[args.clock])
         decoding += rows
         skipped += [line for line in missing + missing_decoders if line not in skipped]
         meta[f"steps_{size}"] = steps

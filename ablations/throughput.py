@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from typing import Callable
 
 import torch
 
@@ -33,19 +34,21 @@ def choose_threads(cfg: TransformerConfig, requested: int | None = None) -> int:
     return 1 if cfg.d_model <= SMALL_D_MODEL else free_cores()
 
 
-def gemm_flops(device: torch.device, n: int = 1024, k: int = 512, m: int = 2048, repeats: int = 5) -> float:
+def gemm_flops(device: torch.device, n: int = 1024, k: int = 512, m: int = 2048, repeats: int = 5,
+               clock: Callable[[], float] = time.perf_counter) -> float:
     """Measured fp32 matrix-multiply rate (FLOP/s, median of `repeats`) at the base model's FFN shape, on the
-    current thread count: the yardstick for what fraction of this machine a training step uses."""
+    current thread count: the yardstick for what fraction of this machine a training step uses. `clock` is the
+    timer the steps compared with it are taken with (wall, or CPU time on a busy machine)."""
     a, b = torch.randn(n, k, device=device), torch.randn(k, m, device=device)
     rates = []
     for _ in range(repeats + 1):
         if device.type == "cuda":
             torch.cuda.synchronize()
-        start = time.perf_counter()
+        start = clock()
         a @ b
         if device.type == "cuda":
             torch.cuda.synchronize()
-        rates.append(2 * n * k * m / (time.perf_counter() - start))
+        rates.append(2 * n * k * m / (clock() - start))
     return statistics.median(rates[1:])  # the first call warms the allocator and the BLAS
 
 
