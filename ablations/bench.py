@@ -100,9 +100,13 @@ def alternate(items, repetition: int) -> list:
 
 def bench_training(size: str, cfg: TransformerConfig, batches: list[Batch], warmup: int, threads: int,
                    clock: Callable[[], float] = time.perf_counter) -> tuple[list[dict], list[str]]:
-    """Interleaved training steps of every variant on the same batches; returns results and skipped-peer lines."""
+    """Interleaved training steps of every variant on the same batches; returns results and skipped-peer lines.
+    Timed by CPU time, the variants on torch's default thread count are left out: more threads buy wall-clock time."""
     systems, skipped, default_threads = {}, [], os.cpu_count() or 1
     for v in (v for v in VARIANTS if size in v.sizes):
+        if v.default_threads and clock is not time.perf_counter:
+            skipped.append(f"{v.name}: not timed with --clock cpu (a thread count changes wall-clock time, not work)")
+            continue
         torch.manual_seed(0)
         model = v.build(cfg)
         if model is None:

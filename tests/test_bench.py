@@ -16,7 +16,7 @@ TINY = "N=1,d_model=32,d_ff=64,h=2,d_k=16,d_v=16,vocab_size=1000"
 def test_bench_writes_markdown_and_json_for_every_variant(tmp_path):
     out = tmp_path / "bench.md"
     code = main(["--steps", "1", "--warmup", "1", "--batch-tokens", "300", "--decode-sentences", "2", "--decode-length", "6",
-                 "--extra", "2", "--decode-reps", "1", "--sizes", "base", "--vocab", "1000", "--threads", "1", "--clock", "cpu",
+                 "--extra", "2", "--decode-reps", "1", "--sizes", "base", "--vocab", "1000", "--threads", "1",
                  "--config", TINY, "--preset", "multi30k", "--out", str(out), "--runs", str(tmp_path / "runs")])
     assert code == 0
     report = json.loads(out.with_suffix(".json").read_text())
@@ -25,6 +25,18 @@ def test_bench_writes_markdown_and_json_for_every_variant(tmp_path):
     assert all(r["tgt_tokens_per_s"] > 0 and 0 < r["gemm_fraction"] for r in report["training"])
     assert [d["system"] for d in report["decoding"]][:2] == ["reference", "before: cross-attention keys/values per beam"]
     assert "## What each speed choice changed (same run)" in out.read_text()
+
+
+@needs_data
+def test_bench_by_cpu_time_says_so_and_leaves_out_the_thread_count_variants(tmp_path):
+    out = tmp_path / "bench.md"
+    code = main(["--steps", "1", "--warmup", "0", "--batch-tokens", "300", "--decode-sentences", "2", "--decode-length", "6",
+                 "--extra", "2", "--decode-reps", "1", "--sizes", "base", "--vocab", "1000", "--threads", "1", "--clock", "cpu",
+                 "--config", TINY, "--preset", "multi30k", "--out", str(out), "--runs", str(tmp_path / "runs")])
+    assert code == 0
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert not [r for r in report["training"] if "thread count" in r["variant"] or "all of the above" in r["variant"]]
+    assert "before: torch's default thread count: not timed with --clock cpu" in " ".join(report["skipped"])
     assert "Times are this process's CPU time (`--clock cpu`)" in out.read_text()
 
 
