@@ -100,8 +100,10 @@ def bench_rows(path: Path, root: Path) -> list[str]:
             rates = {r[name_key]: r[rate_key] for r in bench.get(key, []) if r["size"] == size}
             if "reference" in rates and len(rates) > 1:
                 ratios = "; ".join(f"{name} {rate / rates['reference']:.2f}x" for name, rate in rates.items() if name != "reference")
+                clock = "CPU time" if bench.get("clock") == "cpu" else "wall-clock"
                 rows.append(_row(f"[benchmark]({_link(path.with_suffix('.md'), root)}), {what}, {size} size",
-                                 f"tokens/s against the reference's: {ratios}", bench.get("date", ""), bench.get("commit", "?")))
+                                 f"tokens/s ({clock}) against the reference's: {ratios}", bench.get("date", ""),
+                                 bench.get("commit", "?")))
     return rows
 
 
