@@ -298,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(Path("reports") / "bench.md"))
     args = parser.parse_args(argv)
     try:
+        for flag, value in (("--steps", args.steps), ("--decode-sentences", args.decode_sentences),
+                            ("--decode-length", args.decode_length), ("--decode-reps", args.decode_reps),
+                            ("--batch-tokens", args.batch_tokens), ("--threads", args.threads)):
+            if value is not None and value < 1:
+                raise ValueError(f"{flag} {value}: give a whole number of at least 1")
         base = TransformerConfig().replace(**parse_config_overrides(args.config, "--config"))
         sizes = {"base": base, "scaled": scaled(base, args.vocab)}
         chosen = [s.strip() for s in args.sizes.split(",") if s.strip()]
@@ -307,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         data = prepare_data(b, args.preset, data_dir(args.data), Path(args.runs))
         sources = {size: fixed_length_sources(data.dev_src, args.decode_sentences or (8 if size == "base" else 32), args.decode_length)
                    for size in chosen}
-    except ValueError as exc:  # DataError, a bad --config or --sizes
+    except ValueError as exc:  # a bad flag value, DataError, a bad --config or --sizes
         print(f"error: {exc}", file=sys.stderr)
         return 2
     meta = {**machine(), "load_before": os.getloadavg()[0], "clock": args.clock, "preset": args.preset, "vocab": args.vocab,

@@ -83,10 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cpu = budget("cpu")
     try:
+        for flag, value in (("--steps", args.steps), ("--decode-sentences", args.decode_sentences),
+                            ("--decode-length", args.decode_length)):
+            if value < 1:
+                raise ValueError(f"{flag} {value}: give a whole number of at least 1")
         b = budget("smoke").replace(vocab_size=cpu.vocab_size, max_train_pairs=None, dev_pairs=None)
         data = prepare_data(b, "multi30k", data_dir(args.data), Path(args.runs))
         src = fixed_length_sources(data.dev_src, args.decode_sentences, args.decode_length)
-    except ValueError as exc:  # DataError, too few long sources
+    except ValueError as exc:  # a bad flag value, DataError, too few long sources
         print(f"error: {exc}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)

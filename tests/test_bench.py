@@ -74,3 +74,9 @@ def test_profile_shares_of_training_and_beam_search_sum_to_one(tmp_path):
         shares = [float(line.rsplit("|", 2)[1].strip(" %")) for line in table.splitlines()[2:]]
         assert shares and sum(shares) == pytest.approx(100, abs=0.1 * len(shares))
     assert "GEMM (mm, bmm, addmm)" in report and "d_model 8" in report
+
+
+@pytest.mark.parametrize("command", [main, profiling.main], ids=["bench", "profiling"])
+def test_a_count_below_one_is_a_one_line_error(command, tmp_path, capsys):
+    assert command(["--decode-sentences", "0", "--out", str(tmp_path / "out.md")]) == 2
+    assert capsys.readouterr().err == "error: --decode-sentences 0: give a whole number of at least 1\n"
