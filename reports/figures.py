@@ -132,7 +132,11 @@ def agreement_by_step(progress: pd.DataFrame, path: Path, title: str) -> plt.Fig
         ax.set(ylabel=label, ylim=limits)
         ax.yaxis.label.set_size(8)
     axes[-1, 0].set_xlabel("training step (dev PPL evaluated)")
-    axes[0, 0].legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=8)
+    drawn = {}  # label -> line, over both panels: a group may have a rho at some step and no judged row at any
+    for ax in axes[:, 0]:
+        drawn.update((line.get_label(), line) for line in ax.get_lines() if not line.get_label().startswith("_"))
+    axes[0, 0].legend(list(drawn.values()), list(drawn), loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+                      fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
     return _save(fig, path)

@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from reports import figures, table3
@@ -144,7 +145,17 @@ def test_agreement_figure_shares_the_step_axis_and_draws_every_scope(built):
     share, rho = drawn["agreement_by_step.png"].axes[:2]
     assert share.get_shared_x_axes().joined(share, rho)
     assert [t.get_text() for t in share.get_legend().get_texts()] == ["all rows", "(A)", "(C)", "(E)"]  # D1: 2 seeds
+    drawn = {line.get_label() for ax in (share, rho) for line in ax.get_lines() if not line.get_label().startswith("_")}
+    assert drawn == {t.get_text() for t in share.get_legend().get_texts()}  # every line of either panel is named
     assert share.get_ylim()[0] < 0 < 1 < share.get_ylim()[1] and rho.get_ylim()[0] < -1 < 1 < rho.get_ylim()[1]
+
+
+def test_agreement_figure_names_a_group_drawn_only_in_the_spearman_panel(tmp_path):
+    nan = float("nan")  # group D: a rho at every step, no row with enough seeds for a share
+    progress = pd.DataFrame([{"step": step, "scope": scope, "share": share, "spearman": rho}
+                             for step in (100, 200) for scope, share, rho in (("all", 0.5, 0.2), ("D", nan, -0.1))])
+    fig = figures.agreement_by_step(progress, tmp_path / "a.png", "t")
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["all rows", "(D)"]
 
 
 def test_scatter_puts_each_judged_row_at_paper_change_and_our_change_coloured_by_verdict(built):
