@@ -23,11 +23,12 @@ from model.protocol import Seq2SeqModel
 
 @torch.no_grad()
 def perplexity(model: Seq2SeqModel, src: list[list[int]], tgt: list[list[int]], device: torch.device, max_tokens: int = 4000,
-               autocast: torch.dtype | None = None, progress: str | None = None) -> float:
+               autocast: torch.dtype | None = None, progress: str | None = None, dropout: bool = False) -> float:
     """exp(mean negative log-likelihood per target BPE token, EOS included), with no label smoothing.
 
-    With `progress` (a label), a bar counts the sentences scored."""
-    model.eval()
+    With `progress` (a label), a bar counts the sentences scored. `dropout` scores in training mode (dropout on), as
+    the training loss sees the model; the dev PPL that runs report has it off."""
+    model.train(dropout)
     total_nll, total_tokens = 0.0, 0
     batches = bucketed_batches([len(x) for x in src], [len(y) for y in tgt], max_tokens, seed=0, epoch=0)
     with tqdm(total=len(src), desc=f"{progress}: dev perplexity", unit="sent", leave=False, dynamic_ncols=True,
