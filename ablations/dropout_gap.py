@@ -3,7 +3,8 @@
 A post-LN model that has not left the unigram plateau can come to depend on dropout's noise: trained with it, its
 training loss stays at the plateau, while in eval mode (dropout off) its predictions collapse and the dev PPL climbs
 far above the vocabulary size. Scoring the same weights both ways tells that apart from a divergence of training,
-where both are high. Reads each run's weights (model.pt, else checkpoint.pt) and the BPE from the runs folder's cache.
+where both are high. Reads each run's weights (model.pt, else checkpoint.pt), its BPE from the runs folder's cache,
+and its preset's dev set (only that: the training set is not read).
 """
 from __future__ import annotations
 
@@ -15,10 +16,9 @@ from pathlib import Path
 import torch
 
 from ablations.attention_data import NoAttentionData, load_trained
-from ablations.budgets import budget
-from ablations.data import data_dir
+from ablations.bpe import encode
+from ablations.data import PRESETS, DataError, data_dir, read_pairs
 from ablations.evaluate import perplexity
-from ablations.grid import prepare_data
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,23 +32,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --pairs {args.pairs}: give a whole number of at least 1", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    prepared = {}  # (budget, preset) -> its BPE and encoded dev set, shared by that budget's runs
+    dev_sets = {}  # preset -> its dev pairs, read once for every run trained on it
     print("| run | dev PPL, dropout off (as scored) | dev PPL, dropout on |\n|---|---|---|")
     for run in args.runs:
         try:
             if not (run / "config.json").is_file():
                 raise ValueError(f"{run}: no config.json; pass a run folder, e.g. runs/cpu/base-s1-<hash>")
             config = json.loads((run / "config.json").read_text())
-            runs_root = run.resolve().parent.parent
-            trained = load_trained(run, [runs_root / "cache"])
-            key = (config["budget"], config["preset"], runs_root)
-            if key not in prepared:
-                prepared[key] = prepare_data(budget(config["budget"]), config["preset"], data_dir(args.data), runs_root)
-            data = prepared[key]
+            trained = load_trained(run, [run.resolve().parent.parent / "cache"])
+            preset = config["preset"]
+            if preset not in PRESETS:
+                raise DataError(f"{run}/config.json names preset {preset!r}, which is none of {', '.join(PRESETS)}")
+            if preset not in dev_sets:
+                dev_sets[preset] = read_pairs(data_dir(args.data), PRESETS[preset].dev, preset)
         except (ValueError, NoAttentionData) as exc:  # DataError, a missing BPE or weights
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        src, tgt, device = data.dev_src[: args.pairs], data.dev_tgt[: args.pairs], torch.device("cpu")
+        (src, tgt), device = encode(trained.sp, dev_sets[preset].head(args.pairs)), torch.device("cpu")
         off = perplexity(trained.model, src, tgt, device)
         torch.manual_seed(args.seed)
         on = perplexity(trained.model, src, tgt, device, dropout=True)
