@@ -10,9 +10,7 @@ figures docs/benchmark.md quotes.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Callable
@@ -21,12 +19,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ablations.batching import BatchStream
-from ablations.bench import fixed_length_sources, machine, scaled
+from ablations.bench import CLOCKS, fixed_length_sources, machine, scaled
 from ablations.bpe import PAD
 from ablations.budgets import budget
 from ablations.data import data_dir
 from ablations.decoding import beam_search
 from ablations.grid import prepare_data
+from ablations.throughput import median_seconds
 from ablations.train import make_optimizer, train_step
 from model import Transformer, TransformerConfig
 
@@ -55,16 +54,6 @@ def shares(work: Callable[[], object]) -> dict[str, float]:
         times[kind_of.get(event.key, "other (elementwise, reductions, views)")] += event.self_cpu_time_total
     total = sum(times.values())
     return {kind: t / total for kind, t in sorted(times.items(), key=lambda item: -item[1])}
-
-
-def cpu_seconds(work: Callable[[], object], repeats: int) -> float:
-    """Median CPU time of work (process time: another process on the machine does not count)."""
-    times = []
-    for _ in range(repeats):
-        start = time.process_time()
-        work()
-        times.append(time.process_time() - start)
-    return statistics.median(times)
 
 
 def table(title: str, share: dict[str, float]) -> list[str]:
@@ -113,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     narrow = Transformer(scaled(cfg, cfg.vocab_size))  # every size / 8 once more: d_model 8
     with torch.no_grad():
         decode_shares = shares(decoder(model))
-        wide_s, narrow_s = cpu_seconds(decoder(model), 3), cpu_seconds(decoder(narrow), 3)
+        wide_s, narrow_s = (median_seconds(decoder(m), 3, CLOCKS["cpu"]) for m in (model, narrow))
     train_shares = shares(train)
-    step_s = cpu_seconds(train, 1) / len(batches)
+    step_s = median_seconds(train, 1, CLOCKS["cpu"]) / len(batches)
     meta = machine()
     command = " ".join(["python -m ablations.profiling", *(argv if argv is not None else sys.argv[1:])])
     lines = [

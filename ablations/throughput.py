@@ -34,22 +34,33 @@ def choose_threads(cfg: TransformerConfig, requested: int | None = None) -> int:
     return 1 if cfg.d_model <= SMALL_D_MODEL else free_cores()
 
 
+def median_seconds(work: Callable[[], object], repeats: int, clock: Callable[[], float] = time.perf_counter,
+                   warmup: int = 0) -> float:
+    """Median time of `repeats` calls of work after `warmup` untimed ones, by `clock`: wall time, or this process's
+    CPU time (time.process_time), which other processes on a busy machine do not enter."""
+    for _ in range(warmup):
+        work()
+    times = []
+    for _ in range(repeats):
+        start = clock()
+        work()
+        times.append(clock() - start)
+    return statistics.median(times)
+
+
 def gemm_flops(device: torch.device, n: int = 1024, k: int = 512, m: int = 2048, repeats: int = 5,
                clock: Callable[[], float] = time.perf_counter) -> float:
-    """Measured fp32 matrix-multiply rate (FLOP/s, median of `repeats`) at the base model's FFN shape, on the
+    """Measured fp32 matrix-multiply rate (FLOP/s, over the median of `repeats`) at the base model's FFN shape, on the
     current thread count: the yardstick for what fraction of this machine a training step uses. `clock` is the
     timer the steps compared with it are taken with (wall, or CPU time on a busy machine)."""
     a, b = torch.randn(n, k, device=device), torch.randn(k, m, device=device)
-    rates = []
-    for _ in range(repeats + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = clock()
+
+    def multiply() -> None:
         a @ b
         if device.type == "cuda":
             torch.cuda.synchronize()
-        rates.append(2 * n * k * m / (clock() - start))
-    return statistics.median(rates[1:])  # the first call warms the allocator and the BLAS
+
+    return 2 * n * k * m / median_seconds(multiply, repeats, clock, warmup=1)  # the first call warms the allocator and the BLAS
 
 
 def throughput(cfg: TransformerConfig, counts: dict[str, int], src_tokens: int, tgt_tokens: int, seconds: float,
