@@ -8,8 +8,8 @@ dims (pip install .[bench]). Every variant takes the same batches; a repetition 
 turn and medians are reported, so a change in the machine's load hits every variant alike. A GEMM calibration in
 each repetition turns a step's model FLOP rate into a fraction of what this machine's matrix multiply does.
 Decoding: beam 4 over the same sources, every system forced to the same output length: the reference, the reference
-with cross-attention keys and values copied per beam or with every cached row copied at each step (as before),
-HF `generate`, CTranslate2 fp32.
+with cross-attention keys and values copied per beam, or kept strided, or with every cached row copied at each step
+(as before), HF `generate`, CTranslate2 fp32.
 Times are wall-clock, or with `--clock cpu` this process's CPU time (for a machine that other work keeps busy).
 Writes reports/bench.md and reports/bench.json.
 """
@@ -168,6 +168,25 @@ class FullReorderCache(KVCache):
                 self.kv[name] = tuple(b[:, :, : k.size(2)] for b in spare)
 
 
+class _StridedCross(dict):
+    """Cache entries that keep cross-attention's keys and values in the projection's layout, (B, T, h*d) seen as
+    (B, h, T, d) with strides, as they were stored before they were made contiguous."""
+
+    def __setitem__(self, name: str, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
+        if name.startswith("cross"):
+            kv = tuple(x.transpose(1, 2).contiguous().transpose(1, 2) for x in kv)
+        super().__setitem__(name, kv)
+
+
+class StridedCrossCache(KVCache):
+    """The cache as it was for cross-attention: the heads' strided view of the memory's keys and values, which every
+    decoding step's two matmuls copy again."""
+
+    def __init__(self, beams: int = 1) -> None:
+        super().__init__(beams)
+        self.kv = _StridedCross()
+
+
 def bench_decoding(size: str, cfg: TransformerConfig, src: torch.Tensor, extra: int, reps: int, threads: int,
                    clock: Callable[[], float] = time.perf_counter) -> tuple[list[dict], list[str]]:
     """Beam 4 by every system on the same sources, each forced to src length + extra output tokens."""
@@ -177,13 +196,16 @@ def bench_decoding(size: str, cfg: TransformerConfig, src: torch.Tensor, extra: 
     copied.beams_share_memory = False  # the memory repeated per beam, its keys and values reordered every step
     full_reorder = Transformer(cfg).eval()
     full_reorder.new_cache = FullReorderCache
-    for other in (copied, full_reorder):  # the same weights, so that every variant decodes the same hypotheses
+    strided = Transformer(cfg).eval()
+    strided.new_cache = StridedCrossCache
+    for other in (copied, full_reorder, strided):  # the same weights, so that every variant decodes the same hypotheses
         other.load_state_dict(reference.state_dict())
     out_len = src.size(1) + extra
     systems: dict[str, Callable[[], None]] = {
         "reference": lambda: beam_search(reference, src, src.eq(PAD), beam=4, extra_len=extra),
         UNDONE + "cross-attention keys/values per beam": lambda: beam_search(copied, src, src.eq(PAD), beam=4, extra_len=extra),
         UNDONE + "every cached row copied at each step": lambda: beam_search(full_reorder, src, src.eq(PAD), beam=4, extra_len=extra),
+        UNDONE + "cross-attention keys/values strided": lambda: beam_search(strided, src, src.eq(PAD), beam=4, extra_len=extra),
     }
     skipped = []
     marian = peers.hf_marian(cfg)

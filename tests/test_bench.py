@@ -3,8 +3,13 @@ import json
 
 import pytest
 
+import torch
+
 from ablations import profiling
-from ablations.bench import main
+from ablations.bench import FullReorderCache, StridedCrossCache, main
+from ablations.bpe import PAD
+from ablations.decoding import beam_search
+from model import Transformer
 from ablations.throughput import choose_threads
 from model import TransformerConfig
 from tests.cli_runs import needs_data
@@ -25,6 +30,20 @@ def test_bench_writes_markdown_and_json_for_every_variant(tmp_path):
     assert all(r["tgt_tokens_per_s"] > 0 and 0 < r["gemm_fraction"] for r in report["training"])
     assert [d["system"] for d in report["decoding"]][:2] == ["reference", "before: cross-attention keys/values per beam"]
     assert "## What each speed choice changed (same run)" in out.read_text()
+
+
+@pytest.mark.parametrize("cache", [FullReorderCache, StridedCrossCache])
+def test_a_before_cache_decodes_the_same_hypotheses_as_the_reference(cache):
+    cfg = TransformerConfig(N=2, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=50, P_drop=0.0)
+    torch.manual_seed(0)
+    reference = Transformer(cfg).eval()
+    before = Transformer(cfg).eval()
+    before.load_state_dict(reference.state_dict())
+    before.new_cache = cache
+    src = torch.randint(4, 50, (3, 7))
+    src[0, 5:] = PAD
+    hyps = [beam_search(m, src, src.eq(PAD), beam=4, extra_len=6) for m in (reference, before)]
+    assert hyps[0] == hyps[1]
 
 
 @needs_data
