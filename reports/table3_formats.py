@@ -135,6 +135,9 @@ def provenance(results: BudgetResults, table: pd.DataFrame) -> list[tuple[str, s
         ("steps", f"base {_steps(base['steps']) or 'not run'}; all rows {_span(steps, _steps)} (paper: 100K, big 300K)"
                   if len(steps) else "none"),
         ("tokens seen", f"base {base['tokens_seen']:,.0f}" if not math.isnan(base["tokens_seen"]) else "unknown"),
+        ("throughput", f"base {base['tokens_per_s']:,.0f} source+target tokens/s in training, {base['gemm_fraction']:.0%} of the machine's measured "
+                       "GEMM rate (median over seeds; every row's in the HTML and CSV tables)"
+                       if not math.isnan(base["tokens_per_s"]) and not math.isnan(base["gemm_fraction"]) else "unknown"),
         ("seeds", f"{_span(ran, str)} finished per row that ran; not run: {', '.join(not_run) or 'none'}"
                   if len(ran) else "no finished run"),
         ("sacreBLEU", unique("sacrebleu_signature")),
