@@ -17,6 +17,7 @@ import torch
 
 from ablations.attention_data import NoAttentionData, load_trained
 from ablations.bpe import encode
+from ablations.budgets import budget
 from ablations.data import PRESETS, DataError, data_dir, read_pairs
 from ablations.evaluate import perplexity
 
@@ -25,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ablations.dropout_gap", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (<runs>/<budget>/<row>-s<seed>-<hash>)")
     parser.add_argument("--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)")
-    parser.add_argument("--pairs", type=int, default=300, help="leading dev pairs scored (default 300)")
+    parser.add_argument("--pairs", type=int, default=300,
+                        help="leading dev pairs scored (default 300; at most the budget's dev set)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the dropout masks (default 0)")
     args = parser.parse_args(argv)
     if args.pairs < 1:
@@ -45,10 +47,12 @@ def main(argv: list[str] | None = None) -> int:
                 raise DataError(f"{run}/config.json names preset {preset!r}, which is none of {', '.join(PRESETS)}")
             if preset not in dev_sets:
                 dev_sets[preset] = read_pairs(data_dir(args.data), PRESETS[preset].dev, preset)
-        except (ValueError, NoAttentionData) as exc:  # DataError, a missing BPE or weights
+            dev_pairs = budget(config["budget"]).dev_pairs  # the run was scored on this many leading dev pairs
+        except (ValueError, NoAttentionData) as exc:  # DataError, an unknown budget, a missing BPE or weights
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        (src, tgt), device = encode(trained.sp, dev_sets[preset].head(args.pairs)), torch.device("cpu")
+        pairs = dev_sets[preset].head(min(args.pairs, dev_pairs or args.pairs))
+        (src, tgt), device = encode(trained.sp, pairs), torch.device("cpu")
         off = perplexity(trained.model, src, tgt, device)
         torch.manual_seed(args.seed)
         on = perplexity(trained.model, src, tgt, device, dropout=True)

@@ -41,6 +41,14 @@ def test_dropout_off_is_the_dev_ppl_runs_report_and_dropout_on_differs(tmp_path,
     assert float(on.replace(",", "")) != float(off.replace(",", ""))
 
 
+@needs_data
+def test_more_pairs_than_the_budgets_dev_set_scores_that_dev_set(tmp_path, capsys):
+    run, model, src, tgt = smoke_run(tmp_path / "runs")  # the smoke budget scores its first 100 dev pairs
+    assert dropout_gap.main([str(run), "--pairs", str(len(src) + 50)]) == 0
+    off = capsys.readouterr().out.strip().splitlines()[-1].strip("|").split("|")[1]
+    assert float(off.replace(",", "")) == round(perplexity(model, src, tgt, torch.device("cpu")), 1)
+
+
 def test_a_folder_that_is_not_a_run_is_a_one_line_error(tmp_path, capsys):
     assert dropout_gap.main([str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith(f"error: {tmp_path}: no config.json; pass a run folder")
