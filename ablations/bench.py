@@ -180,7 +180,8 @@ class _StridedCross(dict):
 
 class StridedCrossCache(KVCache):
     """The cache as it was for cross-attention: the heads' strided view of the memory's keys and values, which every
-    decoding step's two matmuls copy again."""
+    decoding step's two matmuls copy again. For beam search with the memory shared by each sentence's beams (as the
+    bench runs it): there `reorder` leaves the cross-attention entries alone."""
 
     def __init__(self, beams: int = 1) -> None:
         super().__init__(beams)

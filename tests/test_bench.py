@@ -2,16 +2,15 @@
 import json
 
 import pytest
-
 import torch
 
 from ablations import profiling
 from ablations.bench import FullReorderCache, StridedCrossCache, main
 from ablations.bpe import PAD
 from ablations.decoding import beam_search
-from model import Transformer
 from ablations.throughput import choose_threads
-from model import TransformerConfig
+from model import Transformer, TransformerConfig
+from model.attention import KVCache
 from tests.cli_runs import needs_data
 
 TINY = "N=1,d_model=32,d_ff=64,h=2,d_k=16,d_v=16,vocab_size=1000"
@@ -44,6 +43,19 @@ def test_a_before_cache_decodes_the_same_hypotheses_as_the_reference(cache):
     src[0, 5:] = PAD
     hyps = [beam_search(m, src, src.eq(PAD), beam=4, extra_len=6) for m in (reference, before)]
     assert hyps[0] == hyps[1]
+
+
+def test_the_strided_before_cache_keeps_cross_attention_keys_and_values_strided_where_the_reference_does_not():
+    cfg = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=50)
+    model, src = Transformer(cfg).eval(), torch.randint(4, 50, (2, 5))
+    caches = [KVCache(), StridedCrossCache()]
+    with torch.no_grad():
+        for cache in caches:
+            model.decode(torch.ones(2, 1, dtype=torch.long), model.encode(src, src.eq(PAD)), src.eq(PAD),
+                         torch.zeros(2, 1, dtype=torch.bool), cache)
+    reference, strided = (cache.kv["cross.0"] for cache in caches)
+    assert all(x.is_contiguous() for x in reference) and not any(x.is_contiguous() for x in strided)
+    assert all(torch.equal(a, b) for a, b in zip(reference, strided))
 
 
 @needs_data
