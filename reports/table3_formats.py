@@ -106,8 +106,17 @@ def _span(values: pd.Series, text) -> str:
     return low if low == high else f"{low} to {high}"
 
 
+def _throughput(base: pd.Series) -> str:
+    """The base row's training speed (medians over its seeds), each figure shown when known."""
+    parts = [f"{base['tokens_per_s']:,.0f} source+target tokens/s in training" if not math.isnan(base["tokens_per_s"]) else "",
+             f"{base['gemm_fraction']:.0%} of the machine's measured GEMM rate" if not math.isnan(base["gemm_fraction"]) else ""]
+    known = ", ".join(part for part in parts if part)
+    return f"base {known} (median over seeds; every row's in the HTML and CSV tables)" if known else "unknown"
+
+
 def provenance(results: BudgetResults, table: pd.DataFrame) -> list[tuple[str, str]]:
-    """What produced the table, for its header: budget, data, device, torch, commit, date, steps, tokens, sacreBLEU."""
+    """What produced the table, for its header: budget, data, device, torch, commit, date, steps, tokens, throughput,
+    sacreBLEU."""
     runs = results.runs
 
     def unique(column: str) -> str:
@@ -135,9 +144,7 @@ def provenance(results: BudgetResults, table: pd.DataFrame) -> list[tuple[str, s
         ("steps", f"base {_steps(base['steps']) or 'not run'}; all rows {_span(steps, _steps)} (paper: 100K, big 300K)"
                   if len(steps) else "none"),
         ("tokens seen", f"base {base['tokens_seen']:,.0f}" if not math.isnan(base["tokens_seen"]) else "unknown"),
-        ("throughput", f"base {base['tokens_per_s']:,.0f} source+target tokens/s in training, {base['gemm_fraction']:.0%} of the machine's measured "
-                       "GEMM rate (median over seeds; every row's in the HTML and CSV tables)"
-                       if not math.isnan(base["tokens_per_s"]) and not math.isnan(base["gemm_fraction"]) else "unknown"),
+        ("throughput", _throughput(base)),
         ("seeds", f"{_span(ran, str)} finished per row that ran; not run: {', '.join(not_run) or 'none'}"
                   if len(ran) else "no finished run"),
         ("sacreBLEU", unique("sacrebleu_signature")),
