@@ -17,11 +17,13 @@ import pytest
 
 from ablations import runs as R
 from ablations.budgets import BUDGETS
+from ablations.data import ENV_VAR
 from ablations.grid import prepare_data
 
 REPO = Path(__file__).resolve().parents[1]
-REAL_DATA = REPO.parent / "shared" / "data"
-needs_data = pytest.mark.skipif(not REAL_DATA.is_dir(), reason="needs ../shared/data")
+REAL_DATA = Path(os.environ.get(ENV_VAR) or REPO.parent / "shared" / "data")  # where the tools look: $AIAYN_DATA, else ../shared/data
+NO_DATA = f"needs the data folder: set {ENV_VAR} or put it at ../shared/data"
+needs_data = pytest.mark.skipif(not REAL_DATA.is_dir(), reason=NO_DATA)
 # Training steps of the CLI tests: logs at 4, 8, 12, checkpoints at 8 and 12, dev perplexity at 12 (smoke budget).
 STEPS = 12
 DEV_PAIRS = 20  # scored for PPL and BLEU: beam search over the budget's 100 would take most of a test's time

@@ -9,8 +9,8 @@ from ablations.batching import BatchStream, bucketed_batches, make_batch
 from ablations.bpe import BOS, EOS, PAD, shared_bpe
 from ablations.budgets import BUDGETS, row_config, row_lr_peak, select_rows
 from ablations.data import DataError, Pairs, data_dir, load_corpus, normalise, read_lines, read_pairs, shuffled
+from tests.cli_runs import REAL_DATA, needs_data
 
-REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def write_pair(root: Path, stem: str, en: list[str], de: list[str]) -> None:
@@ -145,7 +145,7 @@ def test_a_stream_resumed_from_its_position_yields_the_same_batches():
     assert [fresh.next().src.tolist() for _ in range(16)] == seen[9:]
 
 
-@pytest.mark.skipif(not REAL_DATA.is_dir(), reason="needs ../shared/data")
+@needs_data
 def test_bpe_is_cached_by_a_hash_of_its_inputs(tmp_path):
     corpus = load_corpus("multi30k", REAL_DATA, max_train_pairs=300)
     sp = shared_bpe(corpus.train, 200, tmp_path)

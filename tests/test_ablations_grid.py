@@ -3,7 +3,6 @@
 The grid runs once per session (module fixture). Sizes are the paper's divided by 8 and training is two dozen
 steps, so the numbers show that the machinery works, not what the rows are worth.
 """
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,9 +13,9 @@ from ablations.grid import Grid, prepare_data, run_grid, run_one
 from ablations.train import read_checkpoint
 from model import ModelSpec
 from model.table3 import table3_rows
+from tests.cli_runs import REAL_DATA, needs_data
 
-REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not REAL_DATA.is_dir(), reason="needs ../shared/data")]
+pytestmark = [pytest.mark.slow, needs_data]
 SMOKE = BUDGETS["smoke"]
 
 

@@ -1,7 +1,6 @@
 """Training and run bookkeeping: accumulation, checkpoints, divergence, bounded retries, the CLI's one-line errors."""
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,11 +14,10 @@ from ablations.evaluate import perplexity
 from ablations.grid import Grid, prepare_data, run_grid, run_one
 from ablations.train import TrainState, load_checkpoint, make_optimizer, save_checkpoint, train_step
 from model import Transformer, TransformerConfig, parse_spec
+from tests.cli_runs import NO_DATA, REAL_DATA, needs_data
 from tests.test_ablations_grid import single_thread  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see tests/test_ablations_grid.py
-REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-needs_data = pytest.mark.skipif(not REAL_DATA.is_dir(), reason="needs ../shared/data")
 TINY = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=30, max_len=32, P_drop=0.0)
 # A few Multi30k pairs, a 150-token BPE and 3 steps: enough to exercise the run bookkeeping in seconds.
 TINY_BUDGET = BUDGETS["smoke"].replace(steps=3, warmup=3, max_train_pairs=200, vocab_size=150, dev_pairs=6,
@@ -114,7 +112,7 @@ def test_a_checkpoint_restores_weights_optimizer_and_random_state(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory):
     if not REAL_DATA.is_dir():
-        pytest.skip("needs ../shared/data")
+        pytest.skip(NO_DATA)
     runs = tmp_path_factory.mktemp("tiny-runs")
     return runs, prepare_data(TINY_BUDGET, "multi30k", REAL_DATA, runs)
 
