@@ -9,7 +9,6 @@ budget folder, or the runner's `cache/` beside the budget folder. The probabilit
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import sentencepiece as spm
 import torch
 
 from ablations.bpe import EOS
-from ablations.runs import shown_path
+from ablations.runs import read_json, shown_path
 from ablations.train import CorruptCheckpoint, read_checkpoint
 from model import Seq2SeqModel, SpecError, TransformerConfig, load_model, parse_spec
 
@@ -58,9 +57,26 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
     raise NoAttentionData(f"no model weights ({' or '.join(WEIGHTS)}) in {shown_path(run_dir)}")
 
 
+def run_config(run_dir: Path) -> dict:
+    """The run's config.json, with what rebuilding its model needs; NoAttentionData naming the file when it is absent,
+    damaged or lacks a field."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise NoAttentionData(f"{shown_path(run_dir)}: no config.json; pass a run folder, e.g. runs/cpu/base-s1-<hash>")
+    config = read_json(path)
+    if config is None:
+        raise NoAttentionData(f"{shown_path(path)} is not a JSON object (damaged?); pass a run folder the runner wrote")
+    missing = [k for k in ("row", "seed", "config") if k not in config]
+    if not isinstance(config.get("data"), dict) or "bpe" not in config["data"]:
+        missing.append("data.bpe")
+    if missing:
+        raise NoAttentionData(f"{shown_path(path)} lacks {', '.join(missing)}: not a config.json the runner wrote")
+    return config
+
+
 def load_trained(run_dir: Path, bpe_dirs: list[Path]) -> TrainedModel:
     """Rebuild the run's model with its weights (eval mode, CPU) and load its BPE; NoAttentionData names what is absent."""
-    config = json.loads((run_dir / "config.json").read_text())
+    config = run_config(run_dir)
     name = bpe_file(config)
     bpe = next((d / name for d in [run_dir, *bpe_dirs] if (d / name).is_file()), None)
     if bpe is None:
@@ -69,10 +85,10 @@ def load_trained(run_dir: Path, bpe_dirs: list[Path]) -> TrainedModel:
     try:
         model = load_model(parse_spec(config.get("model_spec") or "reference").with_config(TransformerConfig(**config["config"])))
         model.load_state_dict(weights)
-    except (SpecError, RuntimeError) as exc:
+    except (SpecError, RuntimeError, TypeError, ValueError) as exc:  # a bad spec or config, weights of another shape
         raise NoAttentionData(f"the weights in {shown_path(run_dir)} do not load into its model ({str(exc).splitlines()[0]})") from None
     final = run_dir / "final.json"
-    steps = json.loads(final.read_text()).get("steps") if final.is_file() else None
+    steps = (read_json(final) or {}).get("steps")
     label = f"{config['row']} seed {config['seed']}" + (f", {steps} steps" if steps else "")
     return TrainedModel(model.eval(), spm.SentencePieceProcessor(model_file=str(bpe)), label)
 
@@ -97,17 +113,14 @@ def default_layer(n_layers: int) -> int:
 
 def finished(run_dir: Path) -> bool:
     """Whether the run's final.json says it finished (a run still training has a checkpoint but no final result)."""
-    try:
-        return json.loads((run_dir / "final.json").read_text()).get("status") == "finished"
-    except (OSError, ValueError):
-        return False
+    return (read_json(run_dir / "final.json") or {}).get("status") == "finished"
 
 
 def base_run(folder: Path) -> Path:
     """The finished base run with weights and the lowest seed in a budget folder; NoAttentionData when there is none."""
     found = []
     for config_path in folder.rglob("config.json"):
-        config, run_dir = json.loads(config_path.read_text()), config_path.parent
+        config, run_dir = read_json(config_path) or {}, config_path.parent  # a damaged config.json is not a base run
         if config.get("row") == "base" and finished(run_dir) and any((run_dir / w).is_file() for w in WEIGHTS):
             found.append((config.get("seed", 0), run_dir))
     if not found:

@@ -9,13 +9,12 @@ and its preset's dev set (only that: the training set is not read).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
-from ablations.attention_data import NoAttentionData, load_trained
+from ablations.attention_data import NoAttentionData, load_trained, run_config
 from ablations.bpe import encode
 from ablations.budgets import budget
 from ablations.data import PRESETS, DataError, data_dir, read_pairs
@@ -38,9 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| run | dev PPL, dropout off (as scored) | dev PPL, dropout on |\n|---|---|---|")
     for run in args.runs:
         try:
-            if not (run / "config.json").is_file():
-                raise ValueError(f"{run}: no config.json; pass a run folder, e.g. runs/cpu/base-s1-<hash>")
-            config = json.loads((run / "config.json").read_text())
+            config = run_config(run)
+            if "budget" not in config or "preset" not in config:
+                raise ValueError(f"{run / 'config.json'} names no budget or preset: not a config.json the runner wrote")
             trained = load_trained(run, [run.resolve().parent.parent / "cache"])
             preset = config["preset"]
             if preset not in PRESETS:

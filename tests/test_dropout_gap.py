@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from ablations import dropout_gap
@@ -52,3 +53,12 @@ def test_more_pairs_than_the_budgets_dev_set_scores_that_dev_set(tmp_path, capsy
 def test_a_folder_that_is_not_a_run_is_a_one_line_error(tmp_path, capsys):
     assert dropout_gap.main([str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith(f"error: {tmp_path}: no config.json; pass a run folder")
+
+
+@pytest.mark.parametrize("text, problem", [("{bad", "is not a JSON object (damaged?)"),
+                                           ('{"row": "base", "seed": 1}', "lacks config, data.bpe")])
+def test_a_damaged_or_foreign_config_is_a_one_line_error_naming_the_file(tmp_path, capsys, text, problem):
+    (tmp_path / "config.json").write_text(text)
+    assert dropout_gap.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'config.json'} {problem}") and err.count("\n") == 1

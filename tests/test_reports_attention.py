@@ -99,6 +99,14 @@ def test_the_lowest_seed_with_weights_is_drawn(tmp_path, bpe):
     assert attention_data.base_run(tmp_path / "cpu") == run
 
 
+def test_a_run_with_a_damaged_config_is_passed_over_not_a_traceback(tmp_path, bpe):
+    run, _ = publish(tmp_path / "cpu", bpe, seed=2)
+    damaged = tmp_path / "cpu" / "runs" / "base-s1-0000"
+    damaged.mkdir()
+    (damaged / "config.json").write_text('{"row": "base", "se')  # a writer killed mid-file
+    assert attention_data.base_run(tmp_path / "cpu") == run
+
+
 def test_a_base_run_still_training_is_not_drawn(tmp_path, bpe):
     run, _ = publish(tmp_path / "cpu", bpe, weights="checkpoint.pt")
     (run / "final.json").unlink()  # training: a checkpoint, no final result yet
