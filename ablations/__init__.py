@@ -1,4 +1,4 @@
 """The Table 3 ablation runner: data, BPE, training, perplexity, beam search, sacreBLEU, resumable runs.
 
-Entry point: python -m ablations run --budget smoke --rows all (see README.md, section Ablations).
+Entry point: python -m ablations run --budget smoke --rows all (see docs/ablations.md).
 """

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 ENV_VAR = "AIAYN_DATA"
 DEFAULT_DIR = Path("..") / "shared" / "data"  # relative to the working directory: the repository root's sibling
-HOW_TO_GET = "see README.md, section Ablations, 'Data'"
+HOW_TO_GET = "see docs/ablations.md, section 'Data'"
 NEWS_EXTRA = [f"wmt_newstest_ende/extra/{name}" for name in (
     "news-test2008", "newstest2009", "newstest2010", "newstest2011", "newstest2012",
     "newstest2015", "newstest2016", "newstest2017", "newstest2018", "newstest2019", "newstest2020",
