@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -214,8 +215,16 @@ def load_model(spec: ModelSpec | str | None = None) -> Seq2SeqModel:
         if spec.variant is None:
             raise SpecError(f"unknown model {spec.target!r}; {_unknown()}; or give path/to/file.py:factory or package.module:factory")
         factory = _import(spec.target, spec.variant, spec)
+        cfg = TransformerConfig().replace(**changes)
         try:
-            model = factory(TransformerConfig().replace(**changes))
+            inspect.signature(factory).bind(cfg)
+        except TypeError:
+            raise SpecError(f"model spec {str(spec)!r}: factory {spec.variant} must take one argument, the config: "
+                            f"def {spec.variant}(cfg: TransformerConfig) -> model (see docs/plugging-in.md)") from None
+        except ValueError:  # a builtin without a signature: let the call speak
+            pass
+        try:
+            model = factory(cfg)
         except Exception as exc:
             raise SpecError(f"model spec {str(spec)!r}: factory {spec.variant} raised {type(exc).__name__}: {exc}") from exc
     missing = missing_members(model)

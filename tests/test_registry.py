@@ -81,6 +81,14 @@ def test_factory_that_raises_or_returns_a_non_model_is_named(tmp_path):
         load_model(f"{path}:plain")
 
 
+def test_factory_that_does_not_take_the_config_is_told_its_signature(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text("def make():\n    return object()\ndef two(config, device):\n    return object()\n")
+    for name in ("make", "two"):
+        with pytest.raises(SpecError, match=f"factory {name} must take one argument, the config: def {name}\\(cfg"):
+            load_model(f"{path}:{name}")
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "model", *args], capture_output=True, text=True)
 
