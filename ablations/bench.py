@@ -38,6 +38,8 @@ from ablations.budgets import SCALED_FIELDS, budget
 from ablations.data import data_dir
 from ablations.decoding import beam_search
 from ablations.grid import prepare_data
+from ablations.runs import write_atomic
+from ablations.stopping import stops_cleanly
 from ablations.throughput import choose_threads, gemm_flops, throughput
 from ablations.train import ADAM_BETAS, ADAM_EPS, make_optimizer, train_step
 from model import Parts, Transformer, TransformerConfig, count_parameters, load_model
@@ -298,6 +300,7 @@ def markdown(meta: dict, training: list[dict], decoding: list[dict], skipped: li
     return "\n".join(lines) + "\n"
 
 
+@stops_cleanly("nothing written (an earlier report is as it was); run the same command again")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ablations.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)")
@@ -358,8 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     meta.update(load_after=os.getloadavg()[0], threads=", ".join(f"{n} at {s}" for s, n in threads.items()))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(markdown(meta, training, decoding, skipped))
-    out.with_suffix(".json").write_text(json.dumps({**meta, "training": training, "decoding": decoding, "skipped": skipped}, indent=2) + "\n")
+    write_atomic(out, markdown(meta, training, decoding, skipped))  # atomic: a stop never leaves half a report
+    write_atomic(out.with_suffix(".json"), json.dumps({**meta, "training": training, "decoding": decoding, "skipped": skipped}, indent=2) + "\n")
     print(out.read_text())
     return 0
 

@@ -19,8 +19,10 @@ from ablations.bpe import encode
 from ablations.budgets import budget
 from ablations.data import PRESETS, DataError, data_dir, read_pairs
 from ablations.evaluate import perplexity
+from ablations.stopping import stops_cleanly
 
 
+@stops_cleanly("the rows above are the runs scored before the stop")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ablations.dropout_gap", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (<runs>/<budget>/<row>-s<seed>-<hash>)")

@@ -25,6 +25,8 @@ from ablations.budgets import budget
 from ablations.data import data_dir
 from ablations.decoding import beam_search
 from ablations.grid import prepare_data
+from ablations.runs import write_atomic
+from ablations.stopping import stops_cleanly
 from ablations.throughput import median_seconds
 from ablations.train import make_optimizer, train_step
 from model import Transformer, TransformerConfig
@@ -60,6 +62,7 @@ def table(title: str, share: dict[str, float]) -> list[str]:
     return [f"| {title} | share of op time |", "|---|---|", *(f"| {kind} | {s:.1%} |" for kind, s in share.items()), ""]
 
 
+@stops_cleanly("nothing written (an earlier report is as it was); run the same command again")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ablations.profiling", description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)")
@@ -125,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines))
+    write_atomic(out, "\n".join(lines))  # atomic: a stop never leaves half a report
     print(out.read_text())
     return 0
 

@@ -8,10 +8,12 @@ failed run.
 """
 from __future__ import annotations
 
+import functools
 import signal
+import sys
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -73,3 +75,19 @@ def step() -> Iterator[None]:
 def requested() -> int | None:
     """The signal that asked for a stop during a step, if one did."""
     return _pending.signum
+
+
+def stops_cleanly(what_then: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """A command's main under graceful_stops: Ctrl-C or SIGTERM ends it with one line, "stopped by SIGINT: <what_then>",
+    and the shell's exit status, instead of a traceback (for commands with no step to finish, such as a benchmark)."""
+    def wrap(main: Callable[..., int]) -> Callable[..., int]:
+        @functools.wraps(main)
+        def run(*args, **kwargs) -> int:
+            try:
+                with graceful_stops():
+                    return main(*args, **kwargs)
+            except Stopped as stop:
+                print(f"{stop}: {what_then}", file=sys.stderr)
+                return stop.exit_status
+        return run
+    return wrap

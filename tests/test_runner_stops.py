@@ -19,6 +19,7 @@ import torch
 
 from ablations import runs as R
 from ablations.__main__ import main
+from ablations.stopping import stops_cleanly
 from ablations.train import make_optimizer, read_checkpoint
 from model import Transformer
 from tests.cli_runs import logged, needs_data, result, runs_folder, smoke_cache
@@ -206,3 +207,17 @@ def fails_in_d2(config):
     if config.P_drop == 0.2:
         raise RuntimeError("cannot build this model")
     return Transformer(config)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_command_without_steps_stops_in_one_line_with_the_shells_exit_status(signum, capsys):
+    @stops_cleanly("nothing written")
+    def command() -> int:
+        os.kill(os.getpid(), signum)  # Ctrl-C, or what SLURM sends
+        time.sleep(5)  # the handler raises before this ends
+        return 0
+
+    before = signal.getsignal(signum)
+    assert command() == 128 + signum
+    assert capsys.readouterr().err == f"stopped by {signal.Signals(signum).name}: nothing written\n"
+    assert signal.getsignal(signum) is before  # the handlers of before the command are back
