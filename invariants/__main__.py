@@ -89,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        saved = (f"the mutants' reports finished so far are in {args.out / 'mutants'}; the same command without "
+                 "--fresh goes on from there") if args.kill_matrix else "no report written; run the same command again"
+        print(f"stopped by SIGINT: {saved}", file=sys.stderr)
+        return 130
     seconds = time.perf_counter() - start
     print(report.summary_table(results))
     doc = report.document(str(spec), results, profile_name, command, seconds)

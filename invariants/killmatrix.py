@@ -37,7 +37,10 @@ def run_mutants(out: Path, settings: hypothesis.settings, profile: str, override
         spec = mutant_spec(name, overrides)
         path = out / "mutants" / f"{report.slug(str(spec))}.json"
         if path.exists() and not fresh:
-            doc = json.loads(path.read_text())
+            try:
+                doc = json.loads(path.read_text())
+            except ValueError:  # damaged: computed again
+                doc = {}
             if doc.get("profile") == profile and [p["name"] for p in doc["properties"]] == [p.name for p in PROPERTIES]:
                 docs.append(doc)
                 continue
@@ -98,6 +101,6 @@ def markdown(kill: dict[str, Any]) -> str:
 def write(kill: dict[str, Any], out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "kill_matrix.json", out / "kill_matrix.md"
-    json_path.write_text(json.dumps(kill, indent=1) + "\n")
-    md_path.write_text(markdown(kill))
+    report.write_whole(json_path, json.dumps(kill, indent=1) + "\n")
+    report.write_whole(md_path, markdown(kill))
     return json_path, md_path

@@ -101,10 +101,17 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_whole(path: Path, text: str) -> None:
+    """Write text to path whole or not at all: a stop mid-write never leaves half a report for a later run to read."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
 def write(doc: dict[str, Any], out: Path) -> tuple[Path, Path]:
     """Write <out>/<slug>.json and .md; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / f"{slug(doc['model'])}.json", out / f"{slug(doc['model'])}.md"
-    json_path.write_text(json.dumps(doc, indent=1) + "\n")
-    md_path.write_text(markdown(doc))
+    write_whole(json_path, json.dumps(doc, indent=1) + "\n")
+    write_whole(md_path, markdown(doc))
     return json_path, md_path

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from ablations.stopping import stops_cleanly
 from model.table3 import table3_rows
 from reports import attention, figures, glance, index, progress, table3, table3_formats
 from reports.index import Artifact
@@ -140,6 +141,7 @@ def build(results_dir: Path, invariants_dir: Path, out_dir: Path) -> tuple[list[
     return artifacts, skipped
 
 
+@stops_cleanly("some reports may be rebuilt and others not; run the same command again (it rebuilds them all)")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="ablation results, one folder per budget (default: reports/results)")
