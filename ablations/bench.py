@@ -235,6 +235,18 @@ def bench_decoding(size: str, cfg: TransformerConfig, src: torch.Tensor, extra: 
              "s": statistics.median(t), "output_tokens_per_s": tokens / statistics.median(t)} for name, t in times.items()], skipped
 
 
+def output_path(option: str) -> Path:
+    """The --out file, its folder made and found writable before any measuring (not after minutes of it)."""
+    out = Path(option)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out {option}: cannot make its folder ({exc.strerror}); give a path you can write") from None
+    if not os.access(out.parent, os.W_OK) or out.is_dir():
+        raise ValueError(f"--out {option}: not a file in a writable folder; give a path you can write")
+    return out
+
+
 def machine() -> dict:
     name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
@@ -334,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [s.strip() for s in args.sizes.split(",") if s.strip()]
         if not chosen or set(chosen) - set(sizes):
             raise ValueError(f"--sizes {args.sizes!r}: choose from base, scaled")
+        out = output_path(args.out)
         b = budget("smoke").replace(vocab_size=args.vocab, max_train_pairs=None, dev_pairs=None)
         data = prepare_data(b, args.preset, data_dir(args.data), Path(args.runs))
         sources = {size: fixed_length_sources(data.dev_src, args.decode_sentences or (8 if size == "base" else 32), args.decode_length)
@@ -359,8 +372,6 @@ def main(argv: list[str] | None = None) -> int:
         skipped += [line for line in missing + missing_decoders if line not in skipped]
         meta[f"steps_{size}"] = steps
     meta.update(load_after=os.getloadavg()[0], threads=", ".join(f"{n} at {s}" for s, n in threads.items()))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, markdown(meta, training, decoding, skipped))  # atomic: a stop never leaves half a report
     write_atomic(out.with_suffix(".json"), json.dumps({**meta, "training": training, "decoding": decoding, "skipped": skipped}, indent=2) + "\n")
     print(out.read_text())

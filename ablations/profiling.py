@@ -19,7 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ablations.batching import BatchStream
-from ablations.bench import CLOCKS, fixed_length_sources, machine, scaled
+from ablations.bench import CLOCKS, fixed_length_sources, machine, output_path, scaled
 from ablations.bpe import PAD
 from ablations.budgets import budget
 from ablations.data import data_dir
@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                             ("--decode-length", args.decode_length)):
             if value < 1:
                 raise ValueError(f"{flag} {value}: give a whole number of at least 1")
+        out = output_path(args.out)
         b = budget("smoke").replace(vocab_size=cpu.vocab_size, max_train_pairs=None, dev_pairs=None)
         data = prepare_data(b, "multi30k", data_dir(args.data), Path(args.runs))
         src = fixed_length_sources(data.dev_src, args.decode_sentences, args.decode_length)
@@ -126,8 +127,6 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *table("beam search", decode_shares),
     ]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, "\n".join(lines))  # atomic: a stop never leaves half a report
     print(out.read_text())
     return 0

@@ -111,3 +111,13 @@ def test_profile_shares_of_training_and_beam_search_sum_to_one(tmp_path):
 def test_a_count_below_one_is_a_one_line_error(command, tmp_path, capsys):
     assert command(["--decode-sentences", "0", "--out", str(tmp_path / "out.md")]) == 2
     assert capsys.readouterr().err == "error: --decode-sentences 0: give a whole number of at least 1\n"
+
+
+@pytest.mark.parametrize("command", [main, profiling.main], ids=["bench", "profiling"])
+def test_an_output_path_it_cannot_write_is_a_one_line_error_before_any_measuring(command, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert command(["--out", str(blocker / "out.md"), "--runs", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {blocker / 'out.md'}: cannot make its folder") and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()  # nothing read or cached: it stopped before the data
