@@ -46,6 +46,7 @@ from model import Parts, Transformer, TransformerConfig, count_parameters, load_
 from model.attention import KVCache, explicit_attention
 from model.batch import Batch
 from model.provenance import git_commit
+from invariants.report import writable_folder
 from model.registry import ModelSpec, parse_config_overrides
 
 SCALE = 8  # the CPU budget's sizes
@@ -238,12 +239,9 @@ def bench_decoding(size: str, cfg: TransformerConfig, src: torch.Tensor, extra: 
 def output_path(option: str) -> Path:
     """The --out file, its folder made and found writable before any measuring (not after minutes of it)."""
     out = Path(option)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"--out {option}: cannot make its folder ({exc.strerror}); give a path you can write") from None
-    if not os.access(out.parent, os.W_OK) or out.is_dir():
-        raise ValueError(f"--out {option}: not a file in a writable folder; give a path you can write")
+    if out.is_dir():
+        raise ValueError(f"--out {option} is a folder; give a file such as reports/bench.md")
+    writable_folder(out.parent)
     return out
 
 

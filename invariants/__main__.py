@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         replay = parse_replay(args.replay) if args.replay else None
         if replay and len(properties) != 1:
             raise ValueError("--replay needs --only with exactly one property (the one the line came from)")
+        report.writable_folder(args.out)
         if args.kill_matrix:
             return kill_matrix(args, settings, profile_name, command)
         spec = parse_spec(args.model or default_spec())

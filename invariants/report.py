@@ -5,6 +5,7 @@ import datetime
 import json
 import math
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,18 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["## Tolerances", ""]
     lines += [f"- `{p['name']}` {bound(p)}: {p['tolerance_reason']}" for p in props]
     return "\n".join(lines) + "\n"
+
+
+def writable_folder(folder: Path, flag: str = "--out") -> Path:
+    """folder, when it is or can be made a writable folder (nothing is made yet); else a one-line ValueError naming the
+    flag, so that a command checks where its report goes before its work, not after."""
+    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    try:
+        with tempfile.TemporaryFile(dir=existing):  # a real write: permissions alone miss read-only mounts and /proc
+            pass
+    except OSError:
+        raise ValueError(f"{flag} {folder}: cannot write there ({existing} is not a writable folder); give one you can write") from None
+    return folder
 
 
 def write_whole(path: Path, text: str) -> None:

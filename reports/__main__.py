@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from ablations.stopping import stops_cleanly
+from invariants.report import writable_folder
 from model.table3 import table3_rows
 from reports import attention, figures, glance, index, progress, table3, table3_formats
 from reports.index import Artifact
@@ -148,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--invariants", type=Path, default=INVARIANTS_DIR, help="invariants reports (default: reports/invariants)")
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="where the reports go (default: reports/)")
     args = parser.parse_args(argv)
+    try:
+        writable_folder(args.out)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     start = time.perf_counter()
     artifacts, skipped = build(args.results, args.invariants, args.out)
     for line in skipped:

@@ -119,5 +119,6 @@ def test_an_output_path_it_cannot_write_is_a_one_line_error_before_any_measuring
     blocker.write_text("")
     assert command(["--out", str(blocker / "out.md"), "--runs", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: --out {blocker / 'out.md'}: cannot make its folder") and err.count("\n") == 1
+    assert err.startswith(f"error: --out {blocker}: cannot write there ({blocker} is not a writable folder)")
+    assert err.count("\n") == 1
     assert not (tmp_path / "runs").exists()  # nothing read or cached: it stopped before the data

@@ -65,3 +65,10 @@ def test_ctrl_c_is_one_line_exit_130_and_writes_no_report(tmp_path, capsys):
     assert main(["--model", f"{plugin}:make", "--out", str(tmp_path / "out")]) == 130
     assert capsys.readouterr().err == "stopped by SIGINT: no report written; run the same command again\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_report_folder_it_cannot_write_is_one_line_before_any_check_runs(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["--out", str(blocker / "reports")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --out {blocker / 'reports'}: cannot write there ({blocker} is not a writable folder)")
