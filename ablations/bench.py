@@ -284,7 +284,10 @@ def markdown(meta: dict, training: list[dict], decoding: list[dict], skipped: li
         lines.append(f"| {r['size']} | {r['variant']} | {r['threads']} | {r['step_s']:.3f} | {r['tgt_tokens_per_s']:,.0f} | "
                      f"{r['tokens_per_s']:,.0f} | {r['gemm_fraction']:.0%} | {r['tgt_tokens_per_s'] / ref[r['size']]['tgt_tokens_per_s']:.2f}x |")
     lines += ["", "## What each speed choice changed (same run)", "",
-              "Each row undoes one choice of the reference (or all of them) and reports the reference's speed-up over it.", "",
+              "Each row undoes one choice of the reference (or all of them) and reports the reference's speed-up over it. "
+              "The thread count is chosen for safety, not speed: one thread up to d_model 128 and the free cores above, "
+              "because a thread that waits for a busy core stalls every op; a speed-up below 1 there means this machine "
+              "had cores to spare (alone on an idle machine, pass --threads).", "",
               "| size | choice undone | before: target tok/s | reference: target tok/s | speed-up |", "|---|---|---|---|---|"]
     for r in (r for r in training if r["variant"].startswith(UNDONE)):
         after = ref[r["size"]]["tgt_tokens_per_s"]
