@@ -12,7 +12,7 @@ import torch
 from model.config import TransformerConfig
 from model.params import training_flops
 
-SMALL_D_MODEL = 128  # up to this width one thread by default: a second one gains 1.4x idle, loses many-fold under load
+SMALL_D_MODEL = 128  # up to this width one thread by default: a second one gains 1.4-1.5x idle, loses many-fold under load
 
 
 def free_cores() -> int:
@@ -26,7 +26,7 @@ def choose_threads(cfg: TransformerConfig, requested: int | None = None) -> int:
     for models up to d_model 128 and the free cores for larger ones. A thread that waits for a busy core stalls every
     op, so on a loaded machine more threads than free cores make small models many times slower; the load average
     lags by a minute, so processes started together would each see every core free. On an idle machine two threads
-    train the cpu budget's model 1.4x faster (reports/bench.md): pass `requested` (--threads) there."""
+    train the cpu budget's model 1.4-1.5x faster (reports/bench.md): pass `requested` (--threads) there."""
     if requested is not None:
         if requested < 1:
             raise ValueError(f"threads={requested} must be at least 1")
