@@ -42,11 +42,11 @@ from ablations.runs import write_atomic
 from ablations.stopping import stops_cleanly
 from ablations.throughput import choose_threads, gemm_flops, throughput
 from ablations.train import ADAM_BETAS, ADAM_EPS, make_optimizer, train_step
+from invariants.report import writable_folder
 from model import Parts, Transformer, TransformerConfig, count_parameters, load_model
 from model.attention import KVCache, explicit_attention
 from model.batch import Batch
 from model.provenance import git_commit
-from invariants.report import writable_folder
 from model.registry import ModelSpec, parse_config_overrides
 
 SCALE = 8  # the CPU budget's sizes
@@ -237,7 +237,8 @@ def bench_decoding(size: str, cfg: TransformerConfig, src: torch.Tensor, extra: 
 
 
 def output_path(option: str) -> Path:
-    """The --out file, its folder made and found writable before any measuring (not after minutes of it)."""
+    """The --out file, checked before any measuring (not after minutes of it): not a folder, in a folder that is or
+    can be made writable."""
     out = Path(option)
     if out.is_dir():
         raise ValueError(f"--out {option} is a folder; give a file such as reports/bench.md")
@@ -373,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         skipped += [line for line in missing + missing_decoders if line not in skipped]
         meta[f"steps_{size}"] = steps
     meta.update(load_after=os.getloadavg()[0], threads=", ".join(f"{n} at {s}" for s, n in threads.items()))
+    out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, markdown(meta, training, decoding, skipped))  # atomic: a stop never leaves half a report
     write_atomic(out.with_suffix(".json"), json.dumps({**meta, "training": training, "decoding": decoding, "skipped": skipped}, indent=2) + "\n")
     print(out.read_text())

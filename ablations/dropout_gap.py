@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise DataError(f"{run}/config.json names preset {preset!r}, which is none of {', '.join(PRESETS)}")
             if preset not in dev_sets:
                 dev_sets[preset] = read_pairs(data_dir(args.data), PRESETS[preset].dev, preset)
-            dev_pairs = budget(config["budget"]).dev_pairs  # the run was scored on this many leading dev pairs
+            recorded = config["data"]  # the run was scored on this many leading dev pairs (None: all of them)
+            dev_pairs = recorded["dev_pairs"] if "dev_pairs" in recorded else budget(config["budget"]).dev_pairs
         except (ValueError, NoAttentionData) as exc:  # DataError, an unknown budget, a missing BPE or weights
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *table("beam search", decode_shares),
     ]
+    out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, "\n".join(lines))  # atomic: a stop never leaves half a report
     print(out.read_text())
     return 0

@@ -67,6 +67,17 @@ def list_all() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    try:
+        return run(args, argv)
+    except KeyboardInterrupt:
+        saved = (f"the mutants' reports finished so far are in {args.out / 'mutants'}; the same command without "
+                 "--fresh goes on from there") if args.kill_matrix else "no report written; run the same command again"
+        print(f"stopped by SIGINT: {saved}", file=sys.stderr)
+        return 130
+
+
+def run(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """Check one model (or every mutant, with --kill-matrix) and write the report; the exit status."""
     if args.list:
         list_all()
         return 0
@@ -90,11 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        saved = (f"the mutants' reports finished so far are in {args.out / 'mutants'}; the same command without "
-                 "--fresh goes on from there") if args.kill_matrix else "no report written; run the same command again"
-        print(f"stopped by SIGINT: {saved}", file=sys.stderr)
-        return 130
     seconds = time.perf_counter() - start
     print(report.summary_table(results))
     doc = report.document(str(spec), results, profile_name, command, seconds)

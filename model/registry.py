@@ -194,6 +194,20 @@ def _import(target: str, attr: str, spec: ModelSpec) -> Callable:
     return getattr(module, attr)
 
 
+def _check_factory(factory: object, spec: ModelSpec, cfg: TransformerConfig) -> None:
+    """A SpecError saying what a factory must be when it is not callable, or cannot be called with the config alone."""
+    if not callable(factory):
+        raise SpecError(f"model spec {str(spec)!r}: {spec.variant} is a {type(factory).__name__}, not a factory; "
+                        f"give a function or class: def {spec.variant}(cfg: TransformerConfig) -> model")
+    try:
+        inspect.signature(factory, follow_wrapped=False).bind(cfg)
+    except TypeError:
+        raise SpecError(f"model spec {str(spec)!r}: factory {spec.variant} must take one argument, the config: "
+                        f"def {spec.variant}(cfg: TransformerConfig) -> model (see docs/plugging-in.md)") from None
+    except ValueError:  # a builtin without a signature: the call itself says what is wrong
+        pass
+
+
 def load_model(spec: ModelSpec | str | None = None) -> Seq2SeqModel:
     """Build the model a spec names (a string is parsed first; None is $AIAYN_MODEL or reference); any problem is
     a SpecError with a one-line message."""
@@ -215,14 +229,11 @@ def load_model(spec: ModelSpec | str | None = None) -> Seq2SeqModel:
         if spec.variant is None:
             raise SpecError(f"unknown model {spec.target!r}; {_unknown()}; or give path/to/file.py:factory or package.module:factory")
         factory = _import(spec.target, spec.variant, spec)
-        cfg = TransformerConfig().replace(**changes)
         try:
-            inspect.signature(factory).bind(cfg)
-        except TypeError:
-            raise SpecError(f"model spec {str(spec)!r}: factory {spec.variant} must take one argument, the config: "
-                            f"def {spec.variant}(cfg: TransformerConfig) -> model (see docs/plugging-in.md)") from None
-        except ValueError:  # a builtin without a signature: let the call speak
-            pass
+            cfg = TransformerConfig().replace(**changes)
+        except ValueError as exc:
+            raise SpecError(f"model spec {str(spec)!r}: {exc}") from None
+        _check_factory(factory, spec, cfg)
         try:
             model = factory(cfg)
         except Exception as exc:

@@ -18,7 +18,7 @@ TINY = "N=1,d_model=32,d_ff=64,h=2,d_k=16,d_v=16,vocab_size=1000"
 
 @needs_data
 def test_bench_writes_markdown_and_json_for_every_variant(tmp_path):
-    out = tmp_path / "bench.md"
+    out = tmp_path / "new-folder" / "bench.md"  # made when the report is written
     code = main(["--steps", "1", "--warmup", "1", "--batch-tokens", "300", "--decode-sentences", "2", "--decode-length", "6",
                  "--extra", "2", "--decode-reps", "1", "--sizes", "base", "--vocab", "1000", "--threads", "1",
                  "--config", TINY, "--preset", "multi30k", "--out", str(out), "--runs", str(tmp_path / "runs")])

@@ -50,6 +50,17 @@ def test_more_pairs_than_the_budgets_dev_set_scores_that_dev_set(tmp_path, capsy
     assert float(off.replace(",", "")) == round(perplexity(model, src, tgt, torch.device("cpu")), 1)
 
 
+@needs_data
+def test_the_dev_set_size_the_run_recorded_caps_the_pairs_scored(tmp_path, capsys):
+    run, model, src, tgt = smoke_run(tmp_path / "runs")
+    config = json.loads((run / "config.json").read_text())
+    config["data"]["dev_pairs"] = 30  # as `run --dev-pairs 30` records it
+    (run / "config.json").write_text(json.dumps(config))
+    assert dropout_gap.main([str(run)]) == 0
+    off = capsys.readouterr().out.strip().splitlines()[-1].strip("|").split("|")[1]
+    assert float(off.replace(",", "")) == round(perplexity(model, src[:30], tgt[:30], torch.device("cpu")), 1)
+
+
 def test_a_folder_that_is_not_a_run_is_a_one_line_error(tmp_path, capsys):
     assert dropout_gap.main([str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith(f"error: {tmp_path}: no config.json; pass a run folder")

@@ -83,10 +83,21 @@ def test_factory_that_raises_or_returns_a_non_model_is_named(tmp_path):
 
 def test_factory_that_does_not_take_the_config_is_told_its_signature(tmp_path):
     path = tmp_path / "mine.py"
-    path.write_text("def make():\n    return object()\ndef two(config, device):\n    return object()\n")
+    path.write_text("def make():\n    return object()\ndef two(config, device):\n    return object()\nname = 'mine'\n")
     for name in ("make", "two"):
         with pytest.raises(SpecError, match=f"factory {name} must take one argument, the config: def {name}\\(cfg"):
             load_model(f"{path}:{name}")
+    with pytest.raises(SpecError, match="name is a str, not a factory"):
+        load_model(f"{path}:name")
+
+
+def test_a_factory_wrapped_by_a_decorator_that_supplies_its_arguments_is_accepted(tmp_path):
+    path = tmp_path / "wrapped.py"
+    path.write_text("import functools\nfrom model import Transformer\n\n"
+                    "def with_defaults(build):\n    @functools.wraps(build)\n"
+                    "    def factory(config):\n        return build(config, 'cpu')\n    return factory\n\n"
+                    "@with_defaults\ndef make(config, device):\n    return Transformer(config.replace(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8))\n")
+    assert load_model(f"{path}:make").config.N == 1
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
