@@ -15,17 +15,36 @@ from model.params import training_flops
 SMALL_D_MODEL = 128  # up to this width one thread by default: a second one gains 1.4-1.5x idle, loses many-fold under load
 
 
+def cpu_times() -> tuple[int, int]:
+    """The machine's CPU time so far, (all, idle), in clock ticks (the first line of /proc/stat; OSError elsewhere)."""
+    with open("/proc/stat") as stat:
+        ticks = [int(x) for x in stat.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    return sum(ticks), ticks[3] + ticks[4]
+
+
+def busy_cores(interval: float = 0.25) -> float:
+    """Cores busy over the last `interval` seconds (this process sleeps meanwhile); the 1-minute load average where
+    /proc/stat is missing. The load average lags: just after a package install it still counts the install."""
+    try:
+        (all_0, idle_0), _, (all_1, idle_1) = cpu_times(), time.sleep(interval), cpu_times()
+    except (OSError, ValueError):
+        return os.getloadavg()[0]
+    if all_1 <= all_0:
+        return os.getloadavg()[0]
+    return (1 - (idle_1 - idle_0) / (all_1 - all_0)) * (os.cpu_count() or 1)
+
+
 def free_cores() -> int:
-    """CPU cores not busy with other processes: this process's cores minus the 1-minute load average, at least 1."""
+    """CPU cores not busy with other processes: this process's cores minus the busy ones, at least 1."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(cores, round(cores - os.getloadavg()[0])))
+    return max(1, min(cores, round(cores - busy_cores())))
 
 
 def choose_threads(cfg: TransformerConfig, requested: int | None = None) -> int:
     """Intra-op CPU threads for training or decoding cfg: `requested`, else OMP_NUM_THREADS if set, else one thread
     for models up to d_model 128 and the free cores for larger ones. A thread that waits for a busy core stalls every
-    op, so on a loaded machine more threads than free cores make small models many times slower; the load average
-    lags by a minute, so processes started together would each see every core free. On an idle machine two threads
+    op, so on a loaded machine more threads than free cores make small models many times slower; and processes
+    started together would each see every core free. On an idle machine two threads
     train the cpu budget's model 1.4-1.5x faster (reports/bench.md): pass `requested` (--threads) there."""
     if requested is not None:
         if requested < 1:

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from ablations import profiling
+from ablations import profiling, throughput
 from ablations.bench import FullReorderCache, StridedCrossCache, main
 from ablations.bpe import PAD
 from ablations.decoding import beam_search
@@ -91,6 +91,25 @@ def test_thread_count_is_the_request_else_omp_num_threads_else_one_for_small_mod
     assert choose_threads(small) == 2
     with pytest.raises(ValueError, match="threads=0 must be at least 1"):
         choose_threads(small, requested=0)
+
+
+def test_free_cores_are_the_cores_not_busy_now_not_the_lagging_load_average(monkeypatch):
+    samples = iter([(1000, 500), (1400, 800)])  # (all, idle) ticks: 100 of 400 busy, a quarter of 4 CPUs
+    monkeypatch.setattr(throughput, "cpu_times", lambda: next(samples))
+    monkeypatch.setattr(throughput.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(throughput.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(throughput.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(throughput.os, "getloadavg", lambda: (3.9, 3.9, 3.9))  # a minute of an install just ended
+    assert throughput.free_cores() == 3
+
+
+def test_without_proc_stat_free_cores_fall_back_to_the_load_average(monkeypatch):
+    def missing():
+        raise OSError("no /proc/stat")
+    monkeypatch.setattr(throughput, "cpu_times", missing)
+    monkeypatch.setattr(throughput.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(throughput.os, "getloadavg", lambda: (1.2, 1.0, 1.0))
+    assert throughput.free_cores() == 3
 
 
 @needs_data
