@@ -108,13 +108,17 @@ def check_model(parsed: ModelSpec, b: Budget, preset: str) -> None:
         raise ValueError(f"--model {spec}: parameter_groups() raised {type(exc).__name__}: {' '.join(str(exc).split())}") from None
 
 
-def check_run_args(args: argparse.Namespace) -> Budget:
-    """Every option of `run`, checked before any work: a one-line ValueError naming the option, its value and what is allowed."""
-    for flag, value in (("--steps", args.steps), ("--warmup", args.warmup), ("--dev-pairs", args.dev_pairs),
-                        ("--accumulation", args.accumulation), ("--max-attempts", args.max_attempts),
-                        ("--threads", args.threads)):
+def check_counts(*flags: tuple[str, int | None]) -> None:
+    """A one-line ValueError for the first (flag, value) whose value is below 1 (None: not given, fine)."""
+    for flag, value in flags:
         if value is not None and value < 1:
             raise ValueError(f"{flag} {value}: give a whole number of at least 1")
+
+
+def check_run_args(args: argparse.Namespace) -> Budget:
+    """Every option of `run`, checked before any work: a one-line ValueError naming the option, its value and what is allowed."""
+    check_counts(("--steps", args.steps), ("--warmup", args.warmup), ("--dev-pairs", args.dev_pairs),
+                 ("--accumulation", args.accumulation), ("--max-attempts", args.max_attempts), ("--threads", args.threads))
     b = budget_from(args)
     if args.accumulation is not None and args.accumulation > b.batch_tokens:
         raise ValueError(f"--accumulation {args.accumulation}: at most the budget's {b.batch_tokens} tokens per step "

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ablations import peers
+from ablations.__main__ import check_counts
 from ablations.batching import BatchStream
 from ablations.bpe import EOS, PAD
 from ablations.budgets import SCALED_FIELDS, budget
@@ -338,11 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(Path("reports") / "bench.md"))
     args = parser.parse_args(argv)
     try:
-        for flag, value in (("--steps", args.steps), ("--decode-sentences", args.decode_sentences),
-                            ("--decode-length", args.decode_length), ("--decode-reps", args.decode_reps),
-                            ("--batch-tokens", args.batch_tokens), ("--threads", args.threads)):
-            if value is not None and value < 1:
-                raise ValueError(f"{flag} {value}: give a whole number of at least 1")
+        check_counts(("--steps", args.steps), ("--decode-sentences", args.decode_sentences),
+                     ("--decode-length", args.decode_length), ("--decode-reps", args.decode_reps),
+                     ("--batch-tokens", args.batch_tokens), ("--threads", args.threads))
         base = TransformerConfig().replace(**parse_config_overrides(args.config, "--config"))
         sizes = {"base": base, "scaled": scaled(base, args.vocab)}
         chosen = [s.strip() for s in args.sizes.split(",") if s.strip()]

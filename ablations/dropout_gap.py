@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ablations.__main__ import check_counts
 from ablations.attention_data import NoAttentionData, load_trained, run_config
 from ablations.bpe import encode
 from ablations.budgets import budget
@@ -31,8 +32,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="leading dev pairs scored (default 300; at most the budget's dev set)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the dropout masks (default 0)")
     args = parser.parse_args(argv)
-    if args.pairs < 1:
-        print(f"error: --pairs {args.pairs}: give a whole number of at least 1", file=sys.stderr)
+    try:
+        check_counts(("--pairs", args.pairs))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
     dev_sets = {}  # preset -> its dev pairs, read once for every run trained on it

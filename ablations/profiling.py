@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from ablations.__main__ import check_counts
 from ablations.batching import BatchStream
 from ablations.bench import CLOCKS, fixed_length_sources, machine, output_path, scaled
 from ablations.bpe import PAD
@@ -75,10 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cpu = budget("cpu")
     try:
-        for flag, value in (("--steps", args.steps), ("--decode-sentences", args.decode_sentences),
-                            ("--decode-length", args.decode_length)):
-            if value < 1:
-                raise ValueError(f"{flag} {value}: give a whole number of at least 1")
+        check_counts(("--steps", args.steps), ("--decode-sentences", args.decode_sentences),
+                     ("--decode-length", args.decode_length))
         out = output_path(args.out)
         b = budget("smoke").replace(vocab_size=cpu.vocab_size, max_train_pairs=None, dev_pairs=None)
         data = prepare_data(b, "multi30k", data_dir(args.data), Path(args.runs))
