@@ -26,10 +26,12 @@ def busy_cores(interval: float = 0.25) -> float:
     """Cores busy over the last `interval` seconds (this process sleeps meanwhile); the 1-minute load average where
     /proc/stat is missing. The load average lags: just after a package install it still counts the install."""
     try:
-        (all_0, idle_0), _, (all_1, idle_1) = cpu_times(), time.sleep(interval), cpu_times()
+        all_0, idle_0 = cpu_times()
+        time.sleep(interval)
+        all_1, idle_1 = cpu_times()
     except (OSError, ValueError):
-        return os.getloadavg()[0]
-    if all_1 <= all_0:
+        all_1 = all_0 = 0
+    if all_1 <= all_0:  # no /proc/stat, or no tick passed
         return os.getloadavg()[0]
     return (1 - (idle_1 - idle_0) / (all_1 - all_0)) * (os.cpu_count() or 1)
 

@@ -41,8 +41,8 @@ def run_mutants(out: Path, settings: hypothesis.settings, profile: str, override
                 doc = json.loads(path.read_text())
             except ValueError:  # damaged: computed again
                 doc = None
-            doc = doc if isinstance(doc, dict) else {}
-            if doc.get("profile") == profile and [p["name"] for p in doc["properties"]] == [p.name for p in PROPERTIES]:
+            if (isinstance(doc, dict) and doc.get("profile") == profile
+                    and [p["name"] for p in doc.get("properties", [])] == [p.name for p in PROPERTIES]):
                 docs.append(doc)
                 continue
         start = time.perf_counter()
