@@ -38,6 +38,7 @@ class TrainedModel:
     model: Seq2SeqModel
     sp: spm.SentencePieceProcessor
     label: str  # e.g. "base seed 1, 3000 steps"
+    config: dict  # the run's config.json
 
 
 def bpe_file(config: dict) -> str:
@@ -90,7 +91,7 @@ def load_trained(run_dir: Path, bpe_dirs: list[Path]) -> TrainedModel:
     final = run_dir / "final.json"
     steps = (read_json(final) or {}).get("steps")
     label = f"{config['row']} seed {config['seed']}" + (f", {steps} steps" if steps else "")
-    return TrainedModel(model.eval(), spm.SentencePieceProcessor(model_file=str(bpe)), label)
+    return TrainedModel(model.eval(), spm.SentencePieceProcessor(model_file=str(bpe)), label, config)
 
 
 def encoder_attention(trained: TrainedModel, sentence: str, layer: int) -> tuple[list[str], torch.Tensor]:

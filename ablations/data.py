@@ -137,12 +137,17 @@ def shuffled(pairs: Pairs, seed: int) -> Pairs:
     return Pairs(tuple(pairs.src[i] for i in order), tuple(pairs.tgt[i] for i in order))
 
 
+def preset_named(name: str) -> Preset:
+    """The preset called name; a DataError listing the valid ones otherwise."""
+    if name not in PRESETS:
+        raise DataError(f"unknown data preset {name!r}; valid presets: {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
 def load_corpus(preset: str, root: Path, max_train_pairs: int | None = None, max_dev_pairs: int | None = None, seed: int = 0) -> Corpus:
     """The preset's training, dev and test sets; training pairs sharing a sentence with dev or test are removed,
     the rest deduplicated and shuffled by seed, then cut to max_train_pairs."""
-    if preset not in PRESETS:
-        raise DataError(f"unknown data preset {preset!r}; valid presets: {', '.join(PRESETS)}")
-    spec = PRESETS[preset]
+    spec = preset_named(preset)
     dev, test = read_pairs(root, spec.dev, preset), read_pairs(root, spec.test, preset)
     held_out = set(dev.src) | set(dev.tgt) | set(test.src) | set(test.tgt)
     seen: set[tuple[str, str]] = set()

@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 
 from ablations.__main__ import check_counts
-from ablations.attention_data import NoAttentionData, load_trained, run_config
+from ablations.attention_data import NoAttentionData, load_trained
 from ablations.bpe import encode
 from ablations.budgets import budget
-from ablations.data import PRESETS, DataError, data_dir, read_pairs
+from ablations.data import data_dir, preset_named, read_pairs
 from ablations.evaluate import perplexity
 from ablations.stopping import stops_cleanly
 
@@ -42,15 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     print("| run | dev PPL, dropout off (as scored) | dev PPL, dropout on |\n|---|---|---|")
     for run in args.runs:
         try:
-            config = run_config(run)
+            trained = load_trained(run, [run.resolve().parent.parent / "cache"])
+            config = trained.config
             if "budget" not in config or "preset" not in config:
                 raise ValueError(f"{run / 'config.json'} names no budget or preset: not a config.json the runner wrote")
-            trained = load_trained(run, [run.resolve().parent.parent / "cache"])
             preset = config["preset"]
-            if preset not in PRESETS:
-                raise DataError(f"{run}/config.json names preset {preset!r}, which is none of {', '.join(PRESETS)}")
             if preset not in dev_sets:
-                dev_sets[preset] = read_pairs(data_dir(args.data), PRESETS[preset].dev, preset)
+                dev_sets[preset] = read_pairs(data_dir(args.data), preset_named(preset).dev, preset)
             recorded = config["data"]  # the run was scored on this many leading dev pairs (None: all of them)
             dev_pairs = recorded["dev_pairs"] if "dev_pairs" in recorded else budget(config["budget"]).dev_pairs
         except (ValueError, NoAttentionData) as exc:  # DataError, an unknown budget, a missing BPE or weights
