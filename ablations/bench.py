@@ -8,8 +8,9 @@ dims (pip install .[bench]). Every variant takes the same batches; a repetition 
 turn and medians are reported, so a change in the machine's load hits every variant alike. A GEMM calibration in
 each repetition turns a step's model FLOP rate into a fraction of what this machine's matrix multiply does.
 Decoding: beam 4 over the same sources, every system forced to the same output length: the reference, the reference
-with cross-attention keys and values copied per beam, or kept strided, or with every cached row copied at each step
-(as before), HF `generate`, CTranslate2 fp32.
+with its attention through torch ops instead of the fused few-query kernel (model/kernel.py), with cross-attention
+keys and values copied per beam, or kept strided, or with every cached row copied at each step (as before), HF
+`generate`, CTranslate2 fp32.
 Times are wall-clock, or with `--clock cpu` this process's CPU time (for a machine that other work keeps busy).
 Writes reports/bench.md and reports/bench.json.
 """
@@ -45,7 +46,7 @@ from ablations.throughput import choose_threads, gemm_flops, throughput
 from ablations.train import ADAM_BETAS, ADAM_EPS, make_optimizer, train_step
 from invariants.report import writable_folder
 from model import Parts, Transformer, TransformerConfig, count_parameters, load_model
-from model.attention import KVCache, explicit_attention
+from model.attention import KVCache, attend_with_torch_ops, explicit_attention
 from model.batch import Batch
 from model.provenance import git_commit
 from model.registry import ModelSpec, parse_config_overrides
@@ -203,11 +204,13 @@ def bench_decoding(size: str, cfg: TransformerConfig, src: torch.Tensor, extra: 
     full_reorder.new_cache = FullReorderCache
     strided = Transformer(cfg).eval()
     strided.new_cache = StridedCrossCache
-    for other in (copied, full_reorder, strided):  # the same weights, so that every variant decodes the same hypotheses
+    torch_ops = Transformer(cfg, Parts(attend=attend_with_torch_ops)).eval()
+    for other in (copied, full_reorder, strided, torch_ops):  # the same weights, so that every variant decodes the same hypotheses
         other.load_state_dict(reference.state_dict())
     out_len = src.size(1) + extra
     systems: dict[str, Callable[[], None]] = {
         "reference": lambda: beam_search(reference, src, src.eq(PAD), beam=4, extra_len=extra),
+        UNDONE + "attention through torch ops, no fused kernel": lambda: beam_search(torch_ops, src, src.eq(PAD), beam=4, extra_len=extra),
         UNDONE + "cross-attention keys/values per beam": lambda: beam_search(copied, src, src.eq(PAD), beam=4, extra_len=extra),
         UNDONE + "every cached row copied at each step": lambda: beam_search(full_reorder, src, src.eq(PAD), beam=4, extra_len=extra),
         UNDONE + "cross-attention keys/values strided": lambda: beam_search(strided, src, src.eq(PAD), beam=4, extra_len=extra),

@@ -30,7 +30,7 @@ from ablations.runs import write_atomic
 from ablations.stopping import stops_cleanly
 from ablations.throughput import median_seconds
 from ablations.train import make_optimizer, train_step
-from model import Transformer, TransformerConfig
+from model import Transformer, TransformerConfig, kernel
 
 KINDS: dict[str, tuple[str, ...]] = {  # kind -> aten ops (self time); every other op counts as "other"
     "GEMM (mm, bmm, addmm)": ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"),
@@ -43,6 +43,7 @@ KINDS: dict[str, tuple[str, ...]] = {  # kind -> aten ops (self time); every oth
     "LayerNorm": ("aten::native_layer_norm", "aten::native_layer_norm_backward"),
     "top-k over the vocabulary": ("aten::topk", "aten::sort"),
     "optimizer (fused Adam)": ("aten::_fused_adam_",),
+    "attention of a decoding step (fused kernel)": (kernel.PROFILER_NAME,),
 }
 
 
@@ -53,7 +54,8 @@ def shares(work: Callable[[], object]) -> dict[str, float]:
         work()
     kind_of = {op: kind for kind, ops in KINDS.items() for op in ops}
     times: dict[str, float] = defaultdict(float)
-    for event in (e for e in prof.key_averages() if e.key.startswith("aten::")):  # not annotations, autograd's nodes
+    ops = [e for e in prof.key_averages() if e.key.startswith("aten::") or e.key == kernel.PROFILER_NAME]
+    for event in ops:  # not other annotations, nor autograd's nodes
         times[kind_of.get(event.key, "other (elementwise, reductions, views)")] += event.self_cpu_time_total
     total = sum(times.values())
     return {kind: t / total for kind, t in sorted(times.items(), key=lambda item: -item[1])}

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model import kernel
 from model.config import TransformerConfig
 
 # attend(q, k, v, allowed, need_weights) -> (output, probabilities or None)
@@ -43,8 +44,16 @@ def explicit_is_faster(q: Tensor, k: Tensor) -> bool:
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-    """The reference attention: the explicit path when probabilities are wanted or where it is faster, else
-    torch's fused kernel (which also returns zeros for a query with no visible key)."""
+    """The reference attention: a decoding step's few queries through the fused CPU kernel (model/kernel.py),
+    everything else through torch ops (`attend_with_torch_ops`)."""
+    if not need_weights and kernel.applies(q, k, v, allowed):
+        return kernel.few_query_attention(q, k, v, allowed), None
+    return attend_with_torch_ops(q, k, v, allowed, need_weights)
+
+
+def attend_with_torch_ops(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    """The explicit path when probabilities are wanted or where it is faster, else torch's fused kernel (which also
+    returns zeros for a query with no visible key)."""
     if need_weights or explicit_is_faster(q, k):
         out, probs = explicit_attention(q, k, v, allowed)
         return out, probs if need_weights else None

@@ -27,7 +27,8 @@ def test_bench_writes_markdown_and_json_for_every_variant(tmp_path):
     variants = [r["variant"] for r in report["training"]]
     assert variants[0] == "reference" and "before: all of the above" in variants and "torch.nn.Transformer adapter" in variants
     assert all(r["tgt_tokens_per_s"] > 0 and 0 < r["gemm_fraction"] for r in report["training"])
-    assert [d["system"] for d in report["decoding"]][:2] == ["reference", "before: cross-attention keys/values per beam"]
+    assert [d["system"] for d in report["decoding"]][:3] == [
+        "reference", "before: attention through torch ops, no fused kernel", "before: cross-attention keys/values per beam"]
     assert "## What each speed choice changed (same run)" in out.read_text()
 
 

@@ -1,0 +1,84 @@
+"""The fused CPU kernel for attention of a few queries (model/attention_kernel.cpp), built on first use.
+
+A decoding step asks attention for one query per decoder row (in beam search one per beam) over every cached key.
+torch's batched matmul does those tiny products slowly on the CPU, so `model.attention.attend` hands them to this
+kernel, which computes the same function as its explicit path (float rounding aside: its sums run in another order).
+It is compiled with torch's C++ extension tools (a C++ compiler and ninja; about 30 s, once per machine, cached under
+$TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions). Without them, or with AIAYN_ATTENTION_KERNEL=0, attention runs
+through torch ops as before: the same results, slower decoding.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+SOURCE = Path(__file__).with_name("attention_kernel.cpp")
+SWITCH = "AIAYN_ATTENTION_KERNEL"  # "0": never build or use the kernel
+MAX_QUERIES = 8  # per row and head: a decoding step, beams included (at 16 torch's batched matmul is as fast)
+MAX_WIDTH = 256  # d_k, d_v: the kernel's fixed-size buffers
+PROFILER_NAME = "aiayn::few_query_attention"
+STALE_LOCK_S = 600  # a build takes about 30 s; a lock this old was left by a killed build
+
+
+def machine_tag() -> str:
+    """The build is tuned to this CPU (-march=native), so a home folder shared by different machines keeps one per CPU."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = platform.processor()
+    return hashlib.sha1(f"{platform.machine()} {flags}".encode()).hexdigest()[:10]
+
+
+@functools.cache
+def compiled() -> ModuleType | None:
+    """The built extension, or None (switched off, or it cannot be built here: said once, on stderr)."""
+    if os.environ.get(SWITCH, "1") == "0":
+        return None
+    from torch.utils.cpp_extension import get_default_build_root, load
+
+    name = f"aiayn_attention_{machine_tag()}"
+    build = Path(os.environ.get("TORCH_EXTENSIONS_DIR", get_default_build_root())) / name
+    try:
+        build.mkdir(parents=True, exist_ok=True)
+        lock = build / "lock"  # torch waits for this file without end: a build killed by SIGKILL leaves it behind
+        if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            lock.unlink(missing_ok=True)
+        if not (build / f"{name}.so").exists():
+            print("building the fused attention kernel for decoding (once per machine, about 30 s) ...", file=sys.stderr)
+        flags = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
+        return load(name=name, sources=[str(SOURCE)], extra_cflags=flags, build_directory=str(build), verbose=False)
+    except Exception as error:  # no compiler, no ninja, a read-only cache: decoding still works through torch ops
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"the fused attention kernel could not be built ({reason}); decoding runs through torch ops (same "
+              f"results, slower). Install a C++ compiler and ninja, or set {SWITCH}=0 to skip it.", file=sys.stderr)
+        return None
+
+
+def applies(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> bool:
+    """Whether the kernel can take this call: a few queries on the CPU, float32/64, no gradient wanted, in the
+    layouts decoding produces (unit stride along the head's width)."""
+    return (
+        q.device.type == "cpu" and q.dim() == 4 and q.size(-2) <= MAX_QUERIES
+        and q.dtype in (torch.float32, torch.float64) and k.dtype == v.dtype == q.dtype and allowed.dtype == torch.bool
+        and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+        and q.size(-1) <= MAX_WIDTH and v.size(-1) <= MAX_WIDTH and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+        and compiled() is not None
+    )
+
+
+def few_query_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
+    """softmax(Q K^T / sqrt(d_k)) V over the allowed keys, (B, h, T_q, d_v); zero for a query with no allowed key.
+
+    The result is a view of a (B, T_q, h, d_v) tensor, so that joining the heads for W^O copies nothing."""
+    B, h, T_q, _ = q.shape
+    with torch.profiler.record_function(PROFILER_NAME):  # named in torch.profiler's tables like an aten op
+        return compiled().few_query_attention(q, k, v, allowed.expand(B, h, T_q, k.size(-2))).transpose(1, 2)

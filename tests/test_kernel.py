@@ -1,0 +1,106 @@
+"""The fused few-query attention kernel (model/kernel.py): the explicit path's function, taken only where it applies."""
+import pytest
+import torch
+
+from ablations.bpe import PAD
+from ablations.decoding import beam_search
+from model import Parts, Transformer, TransformerConfig
+from model import kernel
+from model.attention import attend, attend_with_torch_ops, explicit_attention
+
+needs_kernel = pytest.mark.skipif(kernel.compiled() is None, reason="the kernel cannot be built here (see stderr)")
+TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}  # outputs are O(1) averages of O(1) values
+
+
+def qkv(B: int, h: int, T_q: int, T_k: int, d_k: int, d_v: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, h, T_q, d_k, generator=g, dtype=dtype)
+    return q, torch.randn(B, h, T_k, d_k, generator=g, dtype=dtype), torch.randn(B, h, T_k, d_v, generator=g, dtype=dtype)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("d_k, d_v", [(8, 8), (64, 64), (8, 12), (20, 20)])  # the widths compiled in, and others
+@pytest.mark.parametrize("T_q", [1, 4, 8])
+def test_kernel_equals_explicit_attention_with_padding_and_a_row_without_keys(dtype, d_k, d_v, T_q):
+    q, k, v = qkv(3, 2, T_q, 9, d_k, d_v, dtype)
+    pad = torch.tensor([[False] * 9, [False] * 5 + [True] * 4, [True] * 9])  # the third row sees no key at all
+    allowed = ~pad[:, None, None, :]
+    expected, _ = explicit_attention(q, k, v, allowed)
+    got = kernel.few_query_attention(q, k, v, allowed)
+    torch.testing.assert_close(got, expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    assert got[2].eq(0).all()
+
+
+@needs_kernel
+def test_kernel_reads_the_cache_views_and_head_layout_that_decoding_passes():
+    q, k, v = qkv(4, 8, 1, 40, 8, 8, torch.float32)
+    buffers = torch.zeros(2, 4, 8, 64, 8)  # the cache's buffers hold more positions than are filled
+    buffers[0, :, :, :40], buffers[1, :, :, :40] = k, v
+    k_view, v_view = buffers[0, :, :, :40], buffers[1, :, :, :40]
+    q_heads = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, h, 1, d) as split from a (B, 1, h * d) projection
+    causal = torch.ones(1, 40, dtype=torch.bool)  # a decoding step's causal mask: every cached key is visible
+    expected, _ = explicit_attention(q, k, v, causal)
+    torch.testing.assert_close(kernel.few_query_attention(q_heads, k_view, v_view, causal), expected, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernel
+def test_attend_takes_the_kernel_only_for_a_few_queries_without_gradients():
+    q, k, v = qkv(2, 2, 1, 5, 8, 8, torch.float32)
+    allowed = torch.ones(1, 5, dtype=torch.bool)
+    assert kernel.applies(q, k, v, allowed)
+    assert not kernel.applies(*qkv(2, 2, kernel.MAX_QUERIES + 1, 5, 8, 8, torch.float32), allowed)
+    assert not kernel.applies(q.bfloat16(), k.bfloat16(), v.bfloat16(), allowed)
+    with_grad = q.clone().requires_grad_()
+    assert not kernel.applies(with_grad, k, v, allowed)
+    out, _ = attend(with_grad, k, v, allowed, need_weights=False)
+    out.sum().backward()  # training decodes through torch ops, which autograd follows
+    assert with_grad.grad is not None
+    with torch.no_grad():
+        assert kernel.applies(with_grad, k, v, allowed)
+
+
+@needs_kernel
+def test_beam_search_finds_the_same_hypotheses_with_and_without_the_kernel():
+    cfg = TransformerConfig(N=2, d_model=64, d_ff=128, h=8, d_k=8, d_v=8, vocab_size=60, max_len=64)
+    torch.manual_seed(0)
+    reference = Transformer(cfg).eval()
+    torch_ops = Transformer(cfg, Parts(attend=attend_with_torch_ops)).eval()
+    torch_ops.load_state_dict(reference.state_dict())
+    src = torch.randint(4, 60, (5, 9))
+    src[1, 6:] = PAD
+    assert beam_search(reference, src, src.eq(PAD), beam=4, extra_len=12) == beam_search(
+        torch_ops, src, src.eq(PAD), beam=4, extra_len=12)
+
+
+@pytest.fixture
+def fresh_build(monkeypatch):
+    """compiled() forgets its result before and after the test, so that other tests see the real build."""
+    kernel.compiled.cache_clear()
+    yield monkeypatch
+    kernel.compiled.cache_clear()
+
+
+def test_a_kernel_that_cannot_be_built_leaves_attention_on_torch_ops_and_says_so_in_one_line(fresh_build, capsys, tmp_path):
+    import torch.utils.cpp_extension
+
+    def no_ninja(**_):
+        raise RuntimeError("Ninja is required to load C++ extensions\n(traceback detail)")
+
+    fresh_build.setattr(torch.utils.cpp_extension, "load", no_ninja)
+    fresh_build.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # an empty build folder: the build is attempted
+    q, k, v = qkv(2, 2, 1, 5, 8, 8, torch.float32)
+    allowed = torch.ones(1, 5, dtype=torch.bool)
+    out, _ = attend(q, k, v, allowed, need_weights=False)
+    torch.testing.assert_close(out, explicit_attention(q, k, v, allowed)[0])
+    lines = [line for line in capsys.readouterr().err.splitlines() if "could not be built" in line]
+    assert len(lines) == 1 and "Ninja is required" in lines[0] and "traceback" not in lines[0]
+
+
+def test_the_kernel_is_not_built_when_switched_off(fresh_build):
+    import torch.utils.cpp_extension
+
+    fresh_build.setenv(kernel.SWITCH, "0")
+    fresh_build.setattr(torch.utils.cpp_extension, "load", lambda **_: pytest.fail("built although switched off"))
+    assert kernel.compiled() is None
+    assert not kernel.applies(*qkv(2, 2, 1, 5, 8, 8, torch.float32), torch.ones(1, 5, dtype=torch.bool))
