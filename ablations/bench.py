@@ -45,7 +45,7 @@ from ablations.stopping import stops_cleanly
 from ablations.throughput import choose_threads, gemm_flops, throughput
 from ablations.train import ADAM_BETAS, ADAM_EPS, make_optimizer, train_step
 from invariants.report import writable_folder
-from model import Parts, Transformer, TransformerConfig, count_parameters, load_model
+from model import Parts, Transformer, TransformerConfig, count_parameters, kernel, load_model
 from model.attention import KVCache, attend_with_torch_ops, explicit_attention
 from model.batch import Batch
 from model.provenance import git_commit
@@ -273,7 +273,8 @@ def markdown(meta: dict, training: list[dict], decoding: list[dict], skipped: li
         f"Measured by `nox -s bench{' -- ' + meta['args'] if meta['args'] else ''}` on {meta['cpu']} ({meta['cores']} cores), "
         f"torch {meta['torch']}, commit {meta['commit']}, {meta['date']}. Load average (1 min) {meta['load_before']:.1f} at the "
         f"start and {meta['load_after']:.1f} at the end on {meta['cores']} cores. Every figure is the median of repetitions "
-        f"interleaved across systems. {CLOCK_NOTES[meta['clock']]}", "",
+        f"interleaved across systems. {CLOCK_NOTES[meta['clock']]} The reference's fused attention kernel for decoding "
+        f"(model/kernel.py): {meta['attention_kernel']}.", "",
         f"Training: {', '.join(f'{meta[k]} ({k[6:]})' for k in meta if k.startswith('steps_'))} timed steps after {meta['warmup']} warm-up step(s), the same {meta['preset']} dev "
         f"batches of about {meta['batch_tokens']} source and target positions for every system, fp32; token ids from a "
         f"{meta['vocab']}-token BPE (the scaled models' vocabulary; the base models keep the paper's 37000 entries). "
@@ -330,13 +331,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=cpu.vocab_size,
                         help=f"BPE size: the scaled models' vocabulary (default {cpu.vocab_size}, the cpu budget's)")
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: by model size and load)")
-    parser.add_argument("--steps", type=int, default=None, help="timed training steps (default 3 at base, 12 scaled)")
+    parser.add_argument("--steps", type=int, default=None, help="timed training steps (default 5 at base, 12 scaled)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed first steps (default 1)")
     parser.add_argument("--batch-tokens", type=int, default=2000, help="positions per side per step (default 2000)")
     parser.add_argument("--decode-sentences", type=int, default=None, help="sources to beam-search (default 8 at base, 32 scaled)")
     parser.add_argument("--decode-length", type=int, default=20, help="tokens per source (default 20)")
     parser.add_argument("--extra", type=int, default=50, help="output tokens beyond the source length (default 50)")
-    parser.add_argument("--decode-reps", type=int, default=3, help="interleaved decoding repetitions (default 3)")
+    parser.add_argument("--decode-reps", type=int, default=5, help="interleaved decoding repetitions (default 5)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall (default), or cpu: this process's CPU time, which other processes' load does not enter")
     parser.add_argument("--out", default=str(Path("reports") / "bench.md"))
@@ -358,14 +359,16 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # a bad flag value, DataError, a bad --config or --sizes
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    meta = {**machine(), "load_before": os.getloadavg()[0], "clock": args.clock, "preset": args.preset, "vocab": args.vocab,
+    built = kernel.compiled() is not None  # built now (once per machine), so that no timed search includes the build
+    meta = {**machine(), "attention_kernel": "in use" if built else f"not built (torch ops; see stderr, or {kernel.SWITCH})",
+            "load_before": os.getloadavg()[0], "clock": args.clock, "preset": args.preset, "vocab": args.vocab,
             "batch_tokens": args.batch_tokens, "warmup": args.warmup, "decode_length": args.decode_length, "extra": args.extra, "args": " ".join(argv if argv is not None else sys.argv[1:])}
     training, decoding, skipped, threads = [], [], [], {}
     for size in chosen:
         cfg = sizes[size]
         threads[size] = choose_threads(cfg, args.threads)
         torch.set_num_threads(threads[size])
-        steps = args.steps or (3 if size == "base" else 12)
+        steps = args.steps or (5 if size == "base" else 12)
         stream = BatchStream(data.dev_src, data.dev_tgt, args.batch_tokens, seed=0)
         rows, missing = bench_training(size, cfg, [stream.next() for _ in range(args.warmup + steps)], args.warmup, threads[size],
                                        CLOCKS[args.clock])
