@@ -7,6 +7,9 @@
 // subtracted).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -17,8 +20,58 @@ namespace {
 
 constexpr int64_t kMaxWidth = 256;  // d_k, d_v up to this (model/kernel.py checks before calling)
 
-// One (row, head, query) at a time. D and DV are the head widths when known at compile time (0: read at run time),
-// so that the loops over a head's width have a fixed length and vectorise.
+// q.k_t for the Tk keys of one head, into s. D is the head's width when known at compile time (0: d, read at run
+// time), so that the loop over it has a fixed length and vectorises.
+template <typename T, int D>
+inline void dot_keys(const T* qs, const T* kr, int64_t kt, int64_t d, int64_t Tk, T* s) {
+  for (int64_t t = 0; t < Tk; ++t) {
+    T acc = 0;
+    for (int64_t j = 0; j < (D ? D : d); ++j) acc += qs[j] * kr[t * kt + j];
+    s[t] = acc;
+  }
+}
+
+// scale * sum_t p_t v_t for one head, into o (summed in a local array, which the compiler may keep in registers).
+template <typename T, int DV>
+inline void weigh_values(const T* p, T scale, const T* vr, int64_t vt, int64_t dv, int64_t Tk, T* o) {
+  T acc[DV ? DV : kMaxWidth] = {};
+  for (int64_t t = 0; t < Tk; ++t)
+    for (int64_t j = 0; j < (DV ? DV : dv); ++j) acc[j] += p[t] * vr[t * vt + j];
+  for (int64_t j = 0; j < (DV ? DV : dv); ++j) o[j] = acc[j] * scale;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// Heads of width 8 in float32 (the CPU budget's models), where the loops above leave most of a vector unit idle: a key
+// is one 256-bit register, and eight keys' products are summed at once by a tree of horizontal adds.
+template <>
+inline void dot_keys<float, 8>(const float* qs, const float* kr, int64_t kt, int64_t, int64_t Tk, float* s) {
+  const __m256 q = _mm256_loadu_ps(qs);
+  int64_t t = 0;
+  for (; t + 8 <= Tk; t += 8) {
+    const float* k = kr + t * kt;
+    __m256 p[8];
+    for (int u = 0; u < 8; ++u) p[u] = _mm256_mul_ps(q, _mm256_loadu_ps(k + u * kt));
+    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));  // keys 0-3, per 128-bit half
+    const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(p[4], p[5]), _mm256_hadd_ps(p[6], p[7]));  // keys 4-7
+    _mm256_storeu_ps(s + t, _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31)));
+  }
+  dot_keys<float, 0>(qs, kr + t * kt, kt, 8, Tk - t, s + t);
+}
+
+template <>
+inline void weigh_values<float, 8>(const float* p, float scale, const float* vr, int64_t vt, int64_t, int64_t Tk, float* o) {
+  __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();  // two sums, so that each add need not wait for the last
+  int64_t t = 0;
+  for (; t + 2 <= Tk; t += 2) {
+    even = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(vr + t * vt), even);
+    odd = _mm256_fmadd_ps(_mm256_set1_ps(p[t + 1]), _mm256_loadu_ps(vr + (t + 1) * vt), odd);
+  }
+  if (t < Tk) even = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(vr + t * vt), even);
+  _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_add_ps(even, odd), _mm256_set1_ps(scale)));
+}
+#endif
+
+// One (row, head, query) at a time: scores, softmax over the allowed keys, then the weighted values.
 template <typename T, int D, int DV>
 void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed, at::Tensor& out) {
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2);
@@ -33,36 +86,30 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, Tk * (d + dv)));
   at::parallel_for(0, B * H * Tq, grain, [&](int64_t begin, int64_t end) {
     std::vector<T> s(Tk);
-    T qs[D ? D : kMaxWidth], o[DV ? DV : kMaxWidth];
+    T qs[D ? D : kMaxWidth];
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / (H * Tq), h = r / Tq % H, i = r % Tq;
       const T* qr = qp + b * q.stride(0) + h * q.stride(1) + i * q.stride(2);
-      const T* kr = kp + b * k.stride(0) + h * k.stride(1);
-      const T* vr = vp + b * v.stride(0) + h * v.stride(1);
       const bool* ar = ap + b * allowed.stride(0) + h * allowed.stride(1) + i * allowed.stride(2);
-      const int64_t kt = k.stride(2), vt = v.stride(2), at = allowed.stride(3);
+      const int64_t at = allowed.stride(3);
+      T* o = op + ((b * Tq + i) * H + h) * dv;
       for (int64_t j = 0; j < d; ++j) qs[j] = qr[j] * scale;
+      dot_keys<T, D>(qs, kp + b * k.stride(0) + h * k.stride(1), k.stride(2), d, Tk, s.data());
       T m = lowest;
       for (int64_t t = 0; t < Tk; ++t) {
-        T acc = 0;
-        for (int64_t j = 0; j < d; ++j) acc += qs[j] * kr[t * kt + j];
-        s[t] = ar[t * at] ? acc : lowest;
+        s[t] = ar[t * at] ? s[t] : lowest;
         m = std::max(m, s[t]);
       }
-      std::fill(o, o + dv, T(0));
-      if (m > lowest) {  // some key is visible; a query with none gets a zero output, as on the explicit path
-        T z = 0;
-        for (int64_t t = 0; t < Tk; ++t) {
-          s[t] = std::exp(s[t] - m);  // exactly 0 for a masked key: lowest - m rounds to lowest, whose exp underflows
-          z += s[t];
-        }
-        const T inv = T(1) / z;
-        for (int64_t t = 0; t < Tk; ++t) {
-          const T p = s[t] * inv;
-          for (int64_t j = 0; j < dv; ++j) o[j] += p * vr[t * vt + j];
-        }
+      if (m == lowest) {  // no visible key: a zero output, as on the explicit path
+        std::fill(o, o + dv, T(0));
+        continue;
       }
-      std::copy(o, o + dv, op + ((b * Tq + i) * H + h) * dv);
+      T z = 0;
+      for (int64_t t = 0; t < Tk; ++t) {
+        s[t] = std::exp(s[t] - m);  // exactly 0 for a masked key: lowest - m rounds to lowest, whose exp underflows
+        z += s[t];
+      }
+      weigh_values<T, DV>(s.data(), T(1) / z, vp + b * v.stride(0) + h * v.stride(1), v.stride(2), dv, Tk, o);
     }
   });
 }
@@ -70,6 +117,8 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
 template <typename T>
 void dispatch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed, at::Tensor& out) {
   const int64_t d = q.size(3), dv = v.size(3);
+  if (d == dv && d == 2) return attend<T, 2, 2>(q, k, v, allowed, out);
+  if (d == dv && d == 4) return attend<T, 4, 4>(q, k, v, allowed, out);
   if (d == dv && d == 8) return attend<T, 8, 8>(q, k, v, allowed, out);
   if (d == dv && d == 16) return attend<T, 16, 16>(q, k, v, allowed, out);
   if (d == dv && d == 32) return attend<T, 32, 32>(q, k, v, allowed, out);

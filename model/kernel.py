@@ -52,7 +52,8 @@ def compiled() -> ModuleType | None:
         lock = build / "lock"  # torch waits for this file without end: a build killed by SIGKILL leaves it behind
         if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
             lock.unlink(missing_ok=True)
-        if not (build / f"{name}.so").exists():
+        built = build / f"{name}.so"
+        if not built.exists() or built.stat().st_mtime < SOURCE.stat().st_mtime:
             print("building the fused attention kernel for decoding (once per machine, about 30 s) ...", file=sys.stderr)
         flags = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
         return load(name=name, sources=[str(SOURCE)], extra_cflags=flags, build_directory=str(build), verbose=False)
