@@ -136,6 +136,10 @@ at::Tensor few_query_attention(const at::Tensor& q, const at::Tensor& k, const a
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "q, k, v need unit stride in the last dimension");
   TORCH_CHECK(q.size(3) <= kMaxWidth && v.size(3) <= kMaxWidth, "head width above ", kMaxWidth);
   TORCH_CHECK(allowed.scalar_type() == at::kBool, "allowed must be bool");
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3), "k does not match q");
+  TORCH_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2), "v does not match k");
+  TORCH_CHECK(allowed.size(0) == q.size(0) && allowed.size(1) == q.size(1) && allowed.size(2) == q.size(2) &&
+              allowed.size(3) == k.size(2), "allowed must be (B, h, T_q, T_k)");
   auto out = at::empty({q.size(0), q.size(2), q.size(1), v.size(3)}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "few_query_attention", [&] { dispatch<scalar_t>(q, k, v, allowed, out); });
   return out;

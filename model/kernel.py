@@ -3,9 +3,9 @@
 A decoding step asks attention for one query per decoder row (in beam search one per beam) over every cached key.
 torch's batched matmul does those tiny products slowly on the CPU, so `model.attention.attend` hands them to this
 kernel, which computes the same function as its explicit path (float rounding aside: its sums run in another order).
-It is compiled with torch's C++ extension tools (a C++ compiler and ninja; about 30 s, once per machine, cached under
-$TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions). Without them, or with AIAYN_ATTENTION_KERNEL=0, attention runs
-through torch ops as before: the same results, slower decoding.
+It is compiled with torch's C++ extension tools (a C++ compiler and ninja; about 30 s) on first use, and cached under
+$TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions, one build per CPU and torch installation. Without them, or with
+AIAYN_ATTENTION_KERNEL=0, attention runs through torch ops as before: the same results, slower decoding.
 """
 from __future__ import annotations
 
@@ -29,13 +29,14 @@ PROFILER_NAME = "aiayn::few_query_attention"
 STALE_LOCK_S = 600  # a build takes about 30 s; a lock this old was left by a killed build
 
 
-def machine_tag() -> str:
-    """The build is tuned to this CPU (-march=native), so a home folder shared by different machines keeps one per CPU."""
+def build_tag() -> str:
+    """One build per CPU (it is tuned with -march=native, and a home folder may be shared by different machines) and per
+    torch installation (it links against that torch: nox's sessions each have their own, and would rebuild in turn)."""
     try:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
         flags = platform.processor()
-    return hashlib.sha1(f"{platform.machine()} {flags}".encode()).hexdigest()[:10]
+    return hashlib.sha1(f"{platform.machine()} {flags} {Path(torch.__file__).parent}".encode()).hexdigest()[:10]
 
 
 @functools.cache
@@ -45,7 +46,7 @@ def compiled() -> ModuleType | None:
         return None
     from torch.utils.cpp_extension import get_default_build_root, load
 
-    name = f"aiayn_attention_{machine_tag()}"
+    name = f"aiayn_attention_{build_tag()}"
     build = Path(os.environ.get("TORCH_EXTENSIONS_DIR", get_default_build_root())) / name
     try:
         build.mkdir(parents=True, exist_ok=True)
@@ -54,7 +55,7 @@ def compiled() -> ModuleType | None:
             lock.unlink(missing_ok=True)
         built = build / f"{name}.so"
         if not built.exists() or built.stat().st_mtime < SOURCE.stat().st_mtime:
-            print("building the fused attention kernel for decoding (once per machine, about 30 s) ...", file=sys.stderr)
+            print("building the fused attention kernel for decoding (once per CPU and torch installation, ~30 s) ...", file=sys.stderr)
         flags = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
         return load(name=name, sources=[str(SOURCE)], extra_cflags=flags, build_directory=str(build), verbose=False)
     except Exception as error:  # no compiler, no ninja, a read-only cache: decoding still works through torch ops

@@ -104,3 +104,10 @@ def test_the_kernel_is_not_built_when_switched_off(fresh_build):
     fresh_build.setattr(torch.utils.cpp_extension, "load", lambda **_: pytest.fail("built although switched off"))
     assert kernel.compiled() is None
     assert not kernel.applies(*qkv(2, 2, 1, 5, 8, 8, torch.float32), torch.ones(1, 5, dtype=torch.bool))
+
+
+@needs_kernel
+def test_kernel_refuses_mismatched_shapes_instead_of_reading_past_them():
+    q, k, v = qkv(2, 2, 1, 5, 8, 8, torch.float32)
+    with pytest.raises(RuntimeError, match="v does not match k"):
+        kernel.compiled().few_query_attention(q, k, v[:, :, :3], torch.ones(2, 2, 1, 5, dtype=torch.bool))
