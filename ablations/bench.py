@@ -8,9 +8,9 @@ dims (pip install .[bench]). Every variant takes the same batches; a repetition 
 turn and medians are reported, so a change in the machine's load hits every variant alike. A GEMM calibration in
 each repetition turns a step's model FLOP rate into a fraction of what this machine's matrix multiply does.
 Decoding: beam 4 over the same sources, every system forced to the same output length: the reference, the reference
-with its attention through torch ops instead of the fused few-query kernel (model/kernel.py), with cross-attention
-keys and values copied per beam, or kept strided, or with every cached row copied at each step (as before), HF
-`generate`, CTranslate2 fp32.
+with its attention through torch ops instead of the fused few-query kernel (model/kernel.py), with the cache's moved
+rows rewritten by torch ops instead of that kernel's one copy, with cross-attention keys and values copied per beam,
+or kept strided, or with every cached row copied at each step (as before), HF `generate`, CTranslate2 fp32.
 Times are wall-clock, or with `--clock cpu` this process's CPU time (for a machine that other work keeps busy).
 Writes reports/bench.md and reports/bench.json.
 """
@@ -173,6 +173,12 @@ class FullReorderCache(KVCache):
                 self.kv[name] = tuple(b[:, :, : k.size(2)] for b in spare)
 
 
+class TorchOpsReorderCache(KVCache):
+    """The cache whose moved rows are rewritten by torch ops (gathered, then written back), as before the kernel."""
+
+    rewrite_rows = KVCache.rewrite_rows_with_torch_ops
+
+
 class _StridedCross(dict):
     """Cache entries that keep cross-attention's keys and values in the projection's layout, (B, T, h*d) seen as
     (B, h, T, d) with strides, as they were stored before they were made contiguous."""
@@ -205,12 +211,15 @@ def bench_decoding(size: str, cfg: TransformerConfig, src: torch.Tensor, extra: 
     strided = Transformer(cfg).eval()
     strided.new_cache = StridedCrossCache
     torch_ops = Transformer(cfg, Parts(attend=attend_with_torch_ops)).eval()
-    for other in (copied, full_reorder, strided, torch_ops):  # the same weights, so that every variant decodes the same hypotheses
+    torch_reorder = Transformer(cfg).eval()
+    torch_reorder.new_cache = TorchOpsReorderCache
+    for other in (copied, full_reorder, strided, torch_ops, torch_reorder):  # the same weights, so that every variant decodes the same hypotheses
         other.load_state_dict(reference.state_dict())
     out_len = src.size(1) + extra
     systems: dict[str, Callable[[], None]] = {
         "reference": lambda: beam_search(reference, src, src.eq(PAD), beam=4, extra_len=extra),
         UNDONE + "attention through torch ops, no fused kernel": lambda: beam_search(torch_ops, src, src.eq(PAD), beam=4, extra_len=extra),
+        UNDONE + "cache rows moved by torch ops (gather, then write back)": lambda: beam_search(torch_reorder, src, src.eq(PAD), beam=4, extra_len=extra),
         UNDONE + "cross-attention keys/values per beam": lambda: beam_search(copied, src, src.eq(PAD), beam=4, extra_len=extra),
         UNDONE + "every cached row copied at each step": lambda: beam_search(full_reorder, src, src.eq(PAD), beam=4, extra_len=extra),
         UNDONE + "cross-attention keys/values strided": lambda: beam_search(strided, src, src.eq(PAD), beam=4, extra_len=extra),

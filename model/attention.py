@@ -111,7 +111,7 @@ class KVCache:
         the others are copied, which saves most of the copying of the whole past that a full reorder does at every step.
         """
         moved = index.ne(torch.arange(index.numel(), device=index.device)).nonzero().squeeze(1)
-        sources = index.index_select(0, moved)
+        in_place: list[str] = []  # self-attention entries whose moved rows are rewritten in their buffers
         for name, (k, v) in list(self.kv.items()):
             if name not in self._buffers:
                 if self.beams == 1 or not name.startswith("cross"):  # not a memory shared by each sentence's beams
@@ -120,8 +120,21 @@ class KVCache:
                 self._buffers[name] = tuple(b.index_select(0, index) for b in self._buffers[name])
                 self.kv[name] = tuple(b[:, :, : k.size(2)] for b in self._buffers[name])
             elif moved.numel():
-                for x in (k, v):  # views of the buffers: the rows are gathered first, then written in place
-                    x.index_copy_(0, moved, x.index_select(0, sources))
+                in_place.append(name)
+        if in_place:
+            self.rewrite_rows(in_place, index, moved)
+
+    def rewrite_rows(self, names: list[str], index: Tensor, moved: Tensor) -> None:
+        """The moved rows of these entries' buffers take their source rows' filled positions, in place: by the kernel
+        (model/kernel.py: each row copied once, all entries in one call), else by `rewrite_rows_with_torch_ops`."""
+        if not kernel.reorder_rows([b for n in names for b in self._buffers[n]], index, self.kv[names[0]][0].size(2)):
+            self.rewrite_rows_with_torch_ops(names, index, moved)
+
+    def rewrite_rows_with_torch_ops(self, names: list[str], index: Tensor, moved: Tensor) -> None:
+        sources = index.index_select(0, moved)
+        for name in names:
+            for x in self.kv[name]:  # views of the buffers: the rows are gathered first, then written in place
+                x.index_copy_(0, moved, x.index_select(0, sources))
 
 
 class MultiHeadAttention(nn.Module):

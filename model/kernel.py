@@ -26,6 +26,7 @@ SWITCH = "AIAYN_ATTENTION_KERNEL"  # "0": never build or use the kernel
 MAX_QUERIES = 8  # per row and head: a decoding step, beams included (at 16 torch's batched matmul is as fast)
 MAX_WIDTH = 256  # d_k, d_v: the kernel's fixed-size buffers
 PROFILER_NAME = "aiayn::few_query_attention"
+REORDER_PROFILER_NAME = "aiayn::reorder_rows"
 STALE_LOCK_S = 600  # a build takes about 30 s; a lock this old was left by a killed build
 
 
@@ -84,3 +85,14 @@ def few_query_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Ten
     B, h, T_q, _ = q.shape
     with torch.profiler.record_function(PROFILER_NAME):  # named in torch.profiler's tables like an aten op
         return compiled().few_query_attention(q, k, v, allowed.expand(B, h, T_q, k.size(-2))).transpose(1, 2)
+
+
+def reorder_rows(buffers: list[Tensor], index: Tensor, filled: int) -> bool:
+    """Row r of every buffer (rows, h, capacity, d) takes the first `filled` positions of row index[r], in place, each
+    moved row copied once; False (nothing done) where the kernel cannot take them, and the caller uses torch ops."""
+    if not (index.device.type == "cpu" and all(b.device.type == "cpu" and b.is_contiguous() for b in buffers)
+            and compiled() is not None):
+        return False
+    with torch.profiler.record_function(REORDER_PROFILER_NAME):
+        compiled().reorder_rows(buffers, index.long().contiguous(), filled)
+    return True

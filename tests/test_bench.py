@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ablations import profiling, throughput
-from ablations.bench import FullReorderCache, StridedCrossCache, main
+from ablations.bench import FullReorderCache, StridedCrossCache, TorchOpsReorderCache, main
 from ablations.bpe import PAD
 from ablations.decoding import beam_search
 from ablations.throughput import choose_threads
@@ -27,12 +27,13 @@ def test_bench_writes_markdown_and_json_for_every_variant(tmp_path):
     variants = [r["variant"] for r in report["training"]]
     assert variants[0] == "reference" and "before: all of the above" in variants and "torch.nn.Transformer adapter" in variants
     assert all(r["tgt_tokens_per_s"] > 0 and 0 < r["gemm_fraction"] for r in report["training"])
-    assert [d["system"] for d in report["decoding"]][:3] == [
-        "reference", "before: attention through torch ops, no fused kernel", "before: cross-attention keys/values per beam"]
+    assert [d["system"] for d in report["decoding"]][:4] == [
+        "reference", "before: attention through torch ops, no fused kernel",
+        "before: cache rows moved by torch ops (gather, then write back)", "before: cross-attention keys/values per beam"]
     assert "## What each speed choice changed (same run)" in out.read_text()
 
 
-@pytest.mark.parametrize("cache", [FullReorderCache, StridedCrossCache])
+@pytest.mark.parametrize("cache", [FullReorderCache, StridedCrossCache, TorchOpsReorderCache])
 def test_a_before_cache_decodes_the_same_hypotheses_as_the_reference(cache):
     cfg = TransformerConfig(N=2, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=50, P_drop=0.0)
     torch.manual_seed(0)

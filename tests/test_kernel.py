@@ -111,3 +111,34 @@ def test_kernel_refuses_mismatched_shapes_instead_of_reading_past_them():
     q, k, v = qkv(2, 2, 1, 5, 8, 8, torch.float32)
     with pytest.raises(RuntimeError, match="v does not match k"):
         kernel.compiled().few_query_attention(q, k, v[:, :, :3], torch.ones(2, 2, 1, 5, dtype=torch.bool))
+
+
+@needs_kernel
+@pytest.mark.parametrize("index", [[0, 1, 2, 3, 4, 5], [1, 0, 2, 3, 5, 4], [1, 2, 3, 0, 4, 4], [2, 2, 2, 0, 0, 0], [5, 4, 3, 2, 1, 0]])
+def test_kernel_reorder_gives_each_row_its_source_rows_filled_positions_and_leaves_the_rest(index):
+    # swaps, a cycle, duplicated sources and a reversal: a source that is itself overwritten must be read before
+    buffers = [torch.randn(6, 2, 10, 8) for _ in range(3)]
+    before = [b.clone() for b in buffers]
+    index = torch.tensor(index)
+    assert kernel.reorder_rows(buffers, index, filled=7)
+    for b, old in zip(buffers, before):
+        assert torch.equal(b[:, :, :7], old[:, :, :7].index_select(0, index))
+        assert torch.equal(b[:, :, 7:], old[:, :, 7:])  # past the filled positions nothing is written
+
+
+def test_reorder_without_the_kernel_leaves_the_rows_to_torch_ops(fresh_build):
+    fresh_build.setenv(kernel.SWITCH, "0")
+    assert not kernel.reorder_rows([torch.zeros(2, 1, 4, 8)], torch.tensor([1, 0]), filled=2)
+
+
+@needs_kernel
+def test_beam_search_finds_the_same_hypotheses_with_the_kernel_switched_off(fresh_build):
+    cfg = TransformerConfig(N=2, d_model=32, d_ff=64, h=4, d_k=8, d_v=8, vocab_size=60, max_len=64)
+    torch.manual_seed(1)
+    model = Transformer(cfg).eval()
+    src = torch.randint(4, 60, (6, 7))
+    with_kernel = beam_search(model, src, src.eq(PAD), beam=4, extra_len=15)
+    fresh_build.setenv(kernel.SWITCH, "0")
+    kernel.compiled.cache_clear()
+    assert kernel.compiled() is None  # attention and the cache's reorder both through torch ops now
+    assert beam_search(model, src, src.eq(PAD), beam=4, extra_len=15) == with_kernel
