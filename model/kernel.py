@@ -1,11 +1,12 @@
-"""The fused CPU kernel for attention of a few queries (model/attention_kernel.cpp), built on first use.
+"""The reference's two CPU kernels for decoding (model/attention_kernel.cpp), built on first use.
 
 A decoding step asks attention for one query per decoder row (in beam search one per beam) over every cached key.
-torch's batched matmul does those tiny products slowly on the CPU, so `model.attention.attend` hands them to this
-kernel, which computes the same function as its explicit path (float rounding aside: its sums run in another order).
-It is compiled with torch's C++ extension tools (a C++ compiler and ninja; about 30 s) on first use, and cached under
+torch's batched matmul does those tiny products slowly on the CPU, so `model.attention.attend` hands them to
+`few_query_attention`, which computes the same function as its explicit path (float rounding aside: its sums run in
+another order). Beam search then moves cached rows between hypotheses: `reorder_rows` copies each moved row once.
+Both are compiled with torch's C++ extension tools (a C++ compiler and ninja; about 30 s) on first use, and cached under
 $TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions, one build per CPU and torch installation. Without them, or with
-AIAYN_ATTENTION_KERNEL=0, attention runs through torch ops as before: the same results, slower decoding.
+AIAYN_ATTENTION_KERNEL=0, decoding runs through torch ops as before: the same results, slower.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from torch import Tensor
 
 SOURCE = Path(__file__).with_name("attention_kernel.cpp")
 SWITCH = "AIAYN_ATTENTION_KERNEL"  # "0": never build or use the kernel
-MAX_QUERIES = 8  # per row and head: a decoding step, beams included (at 16 torch's batched matmul is as fast)
+MAX_QUERIES = 8  # per row and head: a decoding step of beam search with up to 8 beams (measured faster up to 16)
 MAX_WIDTH = 256  # d_k, d_v: the kernel's fixed-size buffers
 PROFILER_NAME = "aiayn::few_query_attention"
 REORDER_PROFILER_NAME = "aiayn::reorder_rows"
@@ -56,12 +57,12 @@ def compiled() -> ModuleType | None:
             lock.unlink(missing_ok=True)
         built = build / f"{name}.so"
         if not built.exists() or built.stat().st_mtime < SOURCE.stat().st_mtime:
-            print("building the fused attention kernel for decoding (once per CPU and torch installation, ~30 s) ...", file=sys.stderr)
+            print("building the decoding kernels (once per CPU and torch installation, ~30 s) ...", file=sys.stderr)
         flags = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
         return load(name=name, sources=[str(SOURCE)], extra_cflags=flags, build_directory=str(build), verbose=False)
     except Exception as error:  # no compiler, no ninja, a read-only cache: decoding still works through torch ops
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(f"the fused attention kernel could not be built ({reason}); decoding runs through torch ops (same "
+        print(f"the decoding kernels could not be built ({reason}); decoding runs through torch ops (same "
               f"results, slower). Install a C++ compiler and ninja, or set {SWITCH}=0 to skip it.", file=sys.stderr)
         return None
 
