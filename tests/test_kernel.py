@@ -1,11 +1,10 @@
-"""The fused few-query attention kernel (model/kernel.py): the explicit path's function, taken only where it applies."""
+"""The decoding kernels (model/kernel.py) compute what the torch ops compute, and are taken only where they apply."""
 import pytest
 import torch
 
 from ablations.bpe import PAD
 from ablations.decoding import beam_search
-from model import Parts, Transformer, TransformerConfig
-from model import kernel
+from model import Parts, Transformer, TransformerConfig, kernel
 from model.attention import attend, attend_with_torch_ops, explicit_attention
 
 needs_kernel = pytest.mark.skipif(kernel.compiled() is None, reason="the kernel cannot be built here (see stderr)")
