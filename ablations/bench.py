@@ -282,7 +282,7 @@ def markdown(meta: dict, training: list[dict], decoding: list[dict], skipped: li
         f"Measured by `nox -s bench{' -- ' + meta['args'] if meta['args'] else ''}` on {meta['cpu']} ({meta['cores']} cores), "
         f"torch {meta['torch']}, commit {meta['commit']}, {meta['date']}. Load average (1 min) {meta['load_before']:.1f} at the "
         f"start and {meta['load_after']:.1f} at the end on {meta['cores']} cores. Every figure is the median of repetitions "
-        f"interleaved across systems. {CLOCK_NOTES[meta['clock']]} The reference's fused attention kernel for decoding "
+        f"interleaved across systems. {CLOCK_NOTES[meta['clock']]} The reference's decoding kernels "
         f"(model/kernel.py): {meta['attention_kernel']}.", "",
         f"Training: {', '.join(f'{meta[k]} ({k[6:]})' for k in meta if k.startswith('steps_'))} timed steps after {meta['warmup']} warm-up step(s), the same {meta['preset']} dev "
         f"batches of about {meta['batch_tokens']} source and target positions for every system, fp32; token ids from a "
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # a bad flag value, DataError, a bad --config or --sizes
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    built = kernel.compiled() is not None  # built now (once per machine), so that no timed search includes the build
+    built = kernel.compiled() is not None  # built now (on first use), so that no timed search includes the build
     meta = {**machine(), "attention_kernel": "in use" if built else f"not built (torch ops; see stderr, or {kernel.SWITCH})",
             "load_before": os.getloadavg()[0], "clock": args.clock, "preset": args.preset, "vocab": args.vocab,
             "batch_tokens": args.batch_tokens, "warmup": args.warmup, "decode_length": args.decode_length, "extra": args.extra, "args": " ".join(argv if argv is not None else sys.argv[1:])}
