@@ -102,13 +102,11 @@ def causal_future_probs(subject: Subject, case: Case) -> float:
 @invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=lambda s: pinned_cases(s, train=(False,), tgt_len=5),
            cases=lambda s: batch_cases(s, train=False), needs=("kv_cache",))
 def cached_decoding(subject: Subject, case: Case) -> float:
-    """Incremental decoding with the KV cache, in random chunks, gives the logits of one full forward pass (user-observable).
-
-    Without gradients, as a user decodes: a model may take other kernels then (the reference's few-query attention)."""
+    """Incremental decoding with the KV cache, in random chunks, gives the logits of one full forward pass (user-observable)."""
     model, batch = subject.model(case.config), case.make_batch(subject)
     model.eval()
     no_pad = torch.zeros_like(batch.tgt_pad)  # the cache assumes right padding: target rows are full here
-    with capturing(model, case.capture), torch.no_grad():
+    with capturing(model, case.capture):
         memory = model.encode(batch.src, batch.src_pad)
         full = model.decode(batch.tgt, memory, batch.src_pad, no_pad)
         cache, steps, t = model.new_cache(), [], 0

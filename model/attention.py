@@ -131,6 +131,7 @@ class KVCache:
             self.rewrite_rows_with_torch_ops(names, index, moved)
 
     def rewrite_rows_with_torch_ops(self, names: list[str], index: Tensor, moved: Tensor) -> None:
+        """What `rewrite_rows` does, by torch ops: the moved rows' sources gathered into a new tensor, then written back."""
         sources = index.index_select(0, moved)
         for name in names:
             for x in self.kv[name]:  # views of the buffers: the rows are gathered first, then written in place

@@ -2,9 +2,10 @@
 // and p.V in one pass over each query's keys, with no (B, h, T_q, T_k) tensors in between. torch's bmm multiplies
 // one 1 x d_k query by d_k x T_k keys with a scalar loop (or one library call per head), which made a decoding
 // step's attention cost more than its linear maps. model/kernel.py builds this file and says when it is used.
-// It is compiled with -ffast-math (so that exp vectorises and sums may be reordered): nothing here makes an inf or
-// NaN on purpose (a masked key's score is the lowest finite value, which stays finite when the row's maximum is
-// subtracted).
+// It is compiled with -ffast-math (so that exp vectorises and sums may be reordered), under which the compiler may
+// assume that no value is NaN or infinite: nothing here makes one on purpose (a masked key's score is the lowest
+// finite value, which stays finite when the row's maximum is subtracted), and a query whose scores are not all finite
+// is found by the bits of its scores and gets a NaN output, as a broken model's would on the torch path.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #if defined(__AVX2__) && defined(__FMA__)
@@ -13,12 +14,25 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
 constexpr int64_t kMaxWidth = 256;  // d_k, d_v up to this (model/kernel.py checks before calling)
+
+// Whether x is NaN or infinite, read from its bits: -ffast-math lets the compiler drop std::isfinite.
+template <typename T>
+inline bool non_finite(T x) {
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  const Bits exponent = sizeof(T) == 4 ? Bits(0x7f800000u) : Bits(0x7ff0000000000000ull);
+  Bits bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return (bits & exponent) == exponent;
+}
 
 // q.k_t for the Tk keys of one head, into s. D is the head's width when known at compile time (0: d, read at run
 // time), so that the loop over it has a fixed length and vectorises.
@@ -95,13 +109,16 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
       T* o = op + ((b * Tq + i) * H + h) * dv;
       for (int64_t j = 0; j < d; ++j) qs[j] = qr[j] * scale;
       dot_keys<T, D>(qs, kp + b * k.stride(0) + h * k.stride(1), k.stride(2), d, Tk, s.data());
+      bool broken = false, seen = false;
       T m = lowest;
       for (int64_t t = 0; t < Tk; ++t) {
+        broken |= non_finite(s[t]);
+        seen |= ar[t * at];
         s[t] = ar[t * at] ? s[t] : lowest;
         m = std::max(m, s[t]);
       }
-      if (m == lowest) {  // no visible key: a zero output, as on the explicit path
-        std::fill(o, o + dv, T(0));
+      if (broken || !seen) {  // NaN for scores that are not all finite; no visible key: zero, as on the explicit path
+        std::fill(o, o + dv, broken ? std::numeric_limits<T>::quiet_NaN() : T(0));
         continue;
       }
       T z = 0;
@@ -133,6 +150,8 @@ void dispatch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
 // unit stride in its last dimension. Returns (B, T_q, h, d_v), the layout W^O reads.
 at::Tensor few_query_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && allowed.dim() == 4, "q, k, v, allowed must be 4-d");
+  TORCH_CHECK(q.is_cpu() && k.is_cpu() && v.is_cpu() && allowed.is_cpu(), "q, k, v, allowed must be on the CPU");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "q, k, v must share a dtype");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "q, k, v need unit stride in the last dimension");
   TORCH_CHECK(q.size(3) <= kMaxWidth && v.size(3) <= kMaxWidth, "head width above ", kMaxWidth);
   TORCH_CHECK(allowed.scalar_type() == at::kBool, "allowed must be bool");
@@ -150,8 +169,17 @@ at::Tensor few_query_attention(const at::Tensor& q, const at::Tensor& k, const a
 // copied once, straight from its source (torch's index_select then index_copy_ copies it twice, through a gathered
 // tensor); only sources that are themselves overwritten are saved first.
 void reorder_rows(const std::vector<at::Tensor>& buffers, const at::Tensor& index, int64_t filled) {
-  TORCH_CHECK(index.scalar_type() == at::kLong && index.dim() == 1 && index.is_contiguous(), "index must be 1-d long");
+  TORCH_CHECK(index.scalar_type() == at::kLong && index.dim() == 1 && index.is_contiguous() && index.is_cpu(),
+              "index must be a 1-d long CPU tensor");
   const int64_t rows = index.size(0);
+  TORCH_CHECK(filled >= 0, "filled must be >= 0");
+  std::vector<const void*> seen;  // everything is checked before anything is written: no half-reordered cache
+  for (const at::Tensor& buffer : buffers) {
+    TORCH_CHECK(buffer.dim() == 4 && buffer.is_cpu() && buffer.is_contiguous() && buffer.size(0) == rows &&
+                filled <= buffer.size(2), "buffers must be contiguous CPU (rows, h, capacity, d) with >= `filled` positions");
+    TORCH_CHECK(std::find(seen.begin(), seen.end(), buffer.data_ptr()) == seen.end(), "a buffer is given twice");
+    seen.push_back(buffer.data_ptr());
+  }
   const int64_t* from = index.data_ptr<int64_t>();
   std::vector<int64_t> moved, saved_slot(rows, -1);
   for (int64_t r = 0; r < rows; ++r) {
@@ -162,8 +190,6 @@ void reorder_rows(const std::vector<at::Tensor>& buffers, const at::Tensor& inde
   for (int64_t r : moved)
     if (from[from[r]] != from[r] && saved_slot[from[r]] < 0) saved_slot[from[r]] = saved++;  // its source moves too
   for (const at::Tensor& buffer : buffers) {
-    TORCH_CHECK(buffer.dim() == 4 && buffer.is_contiguous() && buffer.size(0) == rows && filled <= buffer.size(2),
-                "buffers must be contiguous (rows, h, capacity, d) with at least `filled` positions");
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, buffer.scalar_type(), "reorder_rows", [&] {
       const int64_t heads = buffer.size(1), row = buffer.stride(0), head = buffer.stride(1), span = filled * buffer.size(3);
       scalar_t* data = buffer.data_ptr<scalar_t>();
@@ -190,6 +216,6 @@ void reorder_rows(const std::vector<at::Tensor>& buffers, const at::Tensor& inde
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("few_query_attention", &few_query_attention);
-  m.def("reorder_rows", &reorder_rows);
+  m.def("few_query_attention", &few_query_attention, py::call_guard<py::gil_scoped_release>());
+  m.def("reorder_rows", &reorder_rows, py::call_guard<py::gil_scoped_release>());
 }

@@ -141,3 +141,35 @@ def test_beam_search_finds_the_same_hypotheses_with_the_kernel_switched_off(fres
     kernel.compiled.cache_clear()
     assert kernel.compiled() is None  # attention and the cache's reorder both through torch ops now
     assert beam_search(model, src, src.eq(PAD), beam=4, extra_len=15) == with_kernel
+
+
+@needs_kernel
+@pytest.mark.parametrize("where", ["query", "masked key"])
+def test_a_query_whose_scores_are_not_finite_gets_nan_as_on_the_explicit_path_not_a_quiet_number(where):
+    q, k, v = qkv(2, 2, 1, 6, 8, 8, torch.float32)
+    allowed = torch.tensor([True] * 4 + [False] * 2).view(1, 1, 1, 6)
+    if where == "query":
+        q[0, 1, 0, 3] = float("nan")
+    else:
+        k[0, 1, 5, 0] = float("nan")  # a padded position's key: a broken model's, not hidden by the mask
+    expected, _ = explicit_attention(q, k, v, allowed)
+    got = kernel.few_query_attention(q, k, v, allowed)
+    assert expected[0, 1].isnan().all() and got[0, 1].isnan().all()
+    torch.testing.assert_close(got[1], expected[1], atol=1e-5, rtol=1e-5)  # the other rows are untouched
+
+
+def test_keys_broadcast_over_rows_or_heads_stay_on_torch_ops():
+    q, k, v = qkv(2, 2, 1, 5, 8, 8, torch.float32)
+    allowed = torch.ones(1, 5, dtype=torch.bool)
+    assert not kernel.applies(q, k[:1], v[:1], allowed)  # explicit_attention broadcasts them; the kernel does not
+    out, _ = attend(q, k[:1], v[:1], allowed, need_weights=False)
+    torch.testing.assert_close(out, explicit_attention(q, k[:1].expand_as(k), v[:1].expand_as(v), allowed)[0])
+
+
+@needs_kernel
+def test_a_reorder_with_a_bad_buffer_changes_no_buffer():
+    good = torch.randn(4, 2, 6, 8)
+    before = good.clone()
+    with pytest.raises(RuntimeError, match="buffers must be"):
+        kernel.reorder_rows([good, torch.randn(3, 2, 6, 8)], torch.tensor([1, 0, 2, 3]), filled=4)
+    assert torch.equal(good, before)
