@@ -51,7 +51,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, need_weights: bool)
     return attend_with_torch_ops(q, k, v, allowed, need_weights)
 
 
-def attend_with_torch_ops(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+def attend_with_torch_ops(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor,
+                          need_weights: bool) -> tuple[Tensor, Tensor | None]:
     """The explicit path when probabilities are wanted or where it is faster, else torch's fused kernel (which also
     returns zeros for a query with no visible key)."""
     if need_weights or explicit_is_faster(q, k):

@@ -67,7 +67,7 @@ def wait_for_other_build(lock: Path) -> None:
 def failure_line(error: Exception) -> str:
     """The line of a failed build that says why: the compiler's first error, else the first line of the message."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
-    return next((line for line in lines if "error" in line.lower() and not line.startswith("[")), lines[0])[:200]
+    return next((line for line in lines if "error:" in line), lines[0])[:200]  # "file:line:col: error: ..." (gcc, clang)
 
 
 @functools.cache

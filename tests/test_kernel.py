@@ -1,4 +1,7 @@
 """The decoding kernels (model/kernel.py) compute what the torch ops compute, and are taken only where they apply."""
+import os
+import time
+
 import pytest
 import torch
 
@@ -173,3 +176,21 @@ def test_a_reorder_with_a_bad_buffer_changes_no_buffer():
     with pytest.raises(RuntimeError, match="buffers must be"):
         kernel.reorder_rows([good, torch.randn(3, 2, 6, 8)], torch.tensor([1, 0, 2, 3]), filled=4)
     assert torch.equal(good, before)
+
+
+def test_a_build_lock_left_by_a_stopped_build_is_cleared_once_no_build_could_take_so_long(tmp_path):
+    lock = tmp_path / "lock"
+    lock.touch()
+    old = time.time() - kernel.STALE_LOCK_S - 1
+    os.utime(lock, (old, old))
+    kernel.wait_for_other_build(lock)  # returns at once: torch's own wait on this file would never end
+    assert not lock.exists()
+    kernel.wait_for_other_build(tmp_path / "no-lock")  # no build running: nothing to wait for
+
+
+def test_a_failed_build_is_reported_by_the_compilers_error_line():
+    message = ("Error building extension 'x'\n[1/2] c++ -MMD -c attention_kernel.cpp\n"
+               "attention_kernel.cpp:9:3: error: 'foo' was not declared")
+    assert kernel.failure_line(RuntimeError(message)) == "attention_kernel.cpp:9:3: error: 'foo' was not declared"
+    no_ninja = "Ninja is required to load C++ extensions"
+    assert kernel.failure_line(RuntimeError(no_ninja)) == no_ninja
