@@ -1,8 +1,9 @@
 """`nox -s bench`: the training step and beam search of the reference beside real peers, at the base size and at the
 CPU budget's scaled size (d_model, d_ff, d_k, d_v / 8), in one run with interleaved repetitions.
 
-Training: the reference; the reference with each of its speed choices undone (the fused attention kernel everywhere,
-torch's cross-entropy, Adam's per-parameter loop or its multi-tensor (foreach) form instead of the fused kernel,
+Training: the reference; the reference with each of its speed choices undone (attention through torch ops instead of
+the narrow-head kernel (model/kernel.py), torch's fused attention kernel everywhere, the loss by torch ops
+instead of its kernel, torch's cross-entropy, Adam's per-parameter loop or its multi-tensor (foreach) form instead of the fused kernel,
 torch's default thread count, and all of them at once), which gives each choice's before/after ratio in the same run; the torch.nn.Transformer adapter; HF MarianMT at the same
 dims (pip install .[bench]). Every variant takes the same batches; a repetition runs one step of every variant in
 turn and medians are reported, so a change in the machine's load hits every variant alike. A GEMM calibration in
@@ -48,6 +49,7 @@ from invariants.report import writable_folder
 from model import Parts, Transformer, TransformerConfig, count_parameters, kernel, load_model
 from model.attention import KVCache, attend_with_torch_ops, explicit_attention
 from model.batch import Batch
+from model.objective import label_smoothed_loss_by_torch_ops
 from model.provenance import git_commit
 from model.registry import ModelSpec, parse_config_overrides
 
@@ -81,7 +83,11 @@ class Variant:
 UNDONE = "before: "
 VARIANTS = [
     Variant("reference", Transformer),
+    Variant(UNDONE + "attention through torch ops, no narrow-head kernel", lambda c: Transformer(c, Parts(attend=attend_with_torch_ops)),
+            sizes=("scaled",)),
     Variant(UNDONE + "fused attention kernel everywhere", lambda c: Transformer(c, Parts(attend=fused_attention)), sizes=("scaled",)),
+    Variant(UNDONE + "loss by torch ops, no loss kernel", lambda c: Transformer(c, Parts(loss=label_smoothed_loss_by_torch_ops)),
+            sizes=("scaled",)),
     Variant(UNDONE + "torch cross_entropy loss", lambda c: Transformer(c, Parts(loss=torch_cross_entropy)), sizes=("scaled",)),
     Variant(UNDONE + "Adam per-parameter loop", Transformer, adam="loop", sizes=("scaled",)),
     Variant(UNDONE + "Adam multi-tensor (foreach), not fused", Transformer, adam="foreach", sizes=("scaled",)),

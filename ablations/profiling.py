@@ -45,6 +45,7 @@ KINDS: dict[str, tuple[str, ...]] = {  # kind -> aten ops (self time); every oth
     "top-k over the vocabulary": ("aten::topk", "aten::sort"),
     "optimizer (fused Adam)": ("aten::_fused_adam_",),
     "attention of a decoding step (fused kernel)": (kernel.PROFILER_NAME,),
+    "attention, narrow heads (fused kernel, forward and backward)": (kernel.NARROW_PROFILER_NAME,),
 }
 
 

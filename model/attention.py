@@ -44,10 +44,10 @@ def explicit_is_faster(q: Tensor, k: Tensor) -> bool:
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-    """The reference attention: a decoding step's few queries through the fused CPU kernel (model/kernel.py),
-    everything else through torch ops (`attend_with_torch_ops`)."""
+    """The reference attention: a decoding step's few queries, and heads of width up to 8 in training, through the
+    fused CPU kernels (model/kernel.py); everything else through torch ops (`attend_with_torch_ops`)."""
     if not need_weights and kernel.applies(q, k, v, allowed):
-        return kernel.few_query_attention(q, k, v, allowed), None
+        return kernel.attention(q, k, v, allowed), None
     return attend_with_torch_ops(q, k, v, allowed, need_weights)
 
 

@@ -1,12 +1,14 @@
-"""The reference's two CPU kernels for decoding (model/attention_kernel.cpp), built on first use.
+"""The reference's CPU kernels (model/*_kernel.cpp: attention, narrow, reorder, loss), built on first use.
 
-A decoding step asks attention for one query per decoder row (in beam search one per beam) over every cached key.
-torch's batched matmul does those tiny products slowly on the CPU, so `model.attention.attend` hands them to
-`few_query_attention`, which computes the same function as its explicit path (float rounding aside: its sums run in
-another order). Beam search then moves cached rows between hypotheses: `reorder_rows` copies each moved row once.
-Both are compiled with torch's C++ extension tools (a C++ compiler and ninja; about 30 s) on first use, and cached under
-$TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions, one build per CPU and torch installation. Without them, or with
-AIAYN_ATTENTION_KERNEL=0, decoding runs through torch ops as before: the same results, slower.
+torch's batched matmul and softmax are slow on the CPU for the small products of two cases, so `model.attention.attend`
+hands them to `attention`, which computes the same function as its explicit path (float rounding aside: its sums run in
+another order): a decoding step's few queries per row (in beam search one per beam) over every cached key, and heads
+of width up to 8 (the CPU budget's models), forward and backward, where each head's product has only 8 terms. Beam
+search then moves cached rows between hypotheses: `reorder_rows` copies each moved row once. The label-smoothed loss
+(model/objective.py) passes over the vocabulary's logits fewer times with `smoothed_nll`. They are compiled with
+torch's C++ extension tools (a C++ compiler and ninja; about 30 s) on first use, and cached under $TORCH_EXTENSIONS_DIR
+or ~/.cache/torch_extensions, one build per CPU and torch installation. Without them, or with AIAYN_ATTENTION_KERNEL=0,
+everything runs through torch ops: the same results, slower.
 """
 from __future__ import annotations
 
@@ -23,11 +25,15 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).with_name("attention_kernel.cpp")
+SOURCES = [Path(__file__).with_name(f"{name}_kernel.cpp") for name in ("attention", "narrow", "reorder", "loss")]
+HEADER = Path(__file__).with_name("kernels.h")
 SWITCH = "AIAYN_ATTENTION_KERNEL"  # "0": never build or use the kernel
 MAX_QUERIES = 8  # per row and head: a decoding step of beam search with up to 8 beams (measured faster up to 16)
 MAX_WIDTH = 256  # d_k, d_v: the kernel's fixed-size buffers
+NARROW = 8  # d_k, d_v up to this take the kernel for any number of queries: 2x torch ops at 8, slower from 16 (measured)
 PROFILER_NAME = "aiayn::few_query_attention"
+NARROW_PROFILER_NAME = "aiayn::narrow_head_attention"
+LOSS_PROFILER_NAME = "aiayn::smoothed_nll"
 REORDER_PROFILER_NAME = "aiayn::reorder_rows"
 STALE_LOCK_S = 300  # a build takes 30-60 s on 2 cores; a lock this old was left by a stopped build
 
@@ -58,7 +64,7 @@ def wait_for_other_build(lock: Path) -> None:
             lock.unlink(missing_ok=True)
             return
         if not said:
-            print(f"waiting for another process's build of the decoding kernels ({lock}, {age:.0f} s old; cleared at "
+            print(f"waiting for another process's build of the attention kernels ({lock}, {age:.0f} s old; cleared at "
                   f"{STALE_LOCK_S} s) ...", file=sys.stderr)
             said = True
         time.sleep(1)
@@ -85,36 +91,65 @@ def compiled() -> ModuleType | None:
         if shutil.which("ninja") is None:  # the pinned ninja sits beside this Python, not on PATH unless its venv is active
             os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         built = build / f"{name}.so"
-        if not built.exists() or built.stat().st_mtime < SOURCE.stat().st_mtime:
-            print("building the decoding kernels (once per CPU and torch installation, ~30 s) ...", file=sys.stderr)
+        if not built.exists() or built.stat().st_mtime < max(f.stat().st_mtime for f in [*SOURCES, HEADER]):
+            print("building the attention kernels (once per CPU and torch installation, ~30 s) ...", file=sys.stderr)
         flags = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
-        return load(name=name, sources=[str(SOURCE)], extra_cflags=flags, build_directory=str(build), verbose=False)
+        return load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=flags, build_directory=str(build), verbose=False)
     except Exception as error:  # no compiler, no ninja, a read-only cache: decoding still works through torch ops
-        print(f"the decoding kernels could not be built ({failure_line(error)}); decoding runs through torch ops (same "
+        print(f"the attention kernels could not be built ({failure_line(error)}); attention runs through torch ops (same "
               f"results, slower). Install a C++ compiler and ninja, or set {SWITCH}=0 to skip it.", file=sys.stderr)
         return None
 
 
+def wants_gradient(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
+
+
 def applies(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> bool:
-    """Whether the kernel can take this call: a few queries on the CPU, float32/64, no gradient wanted, k and v of the
-    queries' own rows and heads, in the layouts decoding produces (unit stride along the head's width)."""
+    """Whether the kernels can take this call: on the CPU, float32/64, k and v of the queries' own rows and heads, with
+    unit stride along the head's width (the layouts the model produces); and either a few queries with no gradient
+    wanted (a decoding step) or narrow heads (d_k, d_v <= NARROW)."""
     return (
-        q.device.type == "cpu" and q.dim() == k.dim() == v.dim() == 4 and allowed.dim() <= 4 and q.size(-2) <= MAX_QUERIES
+        q.device.type == "cpu" and q.dim() == k.dim() == v.dim() == 4 and allowed.dim() <= 4
         and k.shape[:2] == q.shape[:2] and k.size(-1) == q.size(-1) and v.shape[:3] == k.shape[:3]  # no broadcast k, v
         and q.dtype in (torch.float32, torch.float64) and k.dtype == v.dtype == q.dtype and allowed.dtype == torch.bool
-        and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
         and q.size(-1) <= MAX_WIDTH and v.size(-1) <= MAX_WIDTH and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+        and ((q.size(-2) <= MAX_QUERIES and not wants_gradient(q, k, v)) or max(q.size(-1), v.size(-1)) <= NARROW)
         and compiled() is not None
     )
 
 
-def few_query_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
-    """softmax(Q K^T / sqrt(d_k)) V over the allowed keys, (B, h, T_q, d_v); zero for a query with no allowed key.
+def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
+    """softmax(Q K^T / sqrt(d_k)) V over the allowed keys, (B, h, T_q, d_v); zero for a query with no allowed key;
+    differentiable in q, k and v. Where `applies` says so.
 
     The result is a view of a (B, T_q, h, d_v) tensor, so that joining the heads for W^O copies nothing."""
     B, h, T_q, _ = q.shape
-    with torch.profiler.record_function(PROFILER_NAME):  # named in torch.profiler's tables like an aten op
-        return compiled().few_query_attention(q, k, v, allowed.expand(B, h, T_q, k.size(-2))).transpose(1, 2)
+    if T_q <= MAX_QUERIES and not wants_gradient(q, k, v):
+        with torch.profiler.record_function(PROFILER_NAME):  # named in torch.profiler's tables like an aten op
+            return compiled().few_query_attention(q, k, v, allowed.expand(B, h, T_q, k.size(-2))).transpose(1, 2)
+    return _NarrowHeadAttention.apply(q, k, v, allowed).transpose(1, 2)
+
+
+class _NarrowHeadAttention(torch.autograd.Function):
+    """Every query of a row and head at once, forward and backward: the forward keeps the probabilities, and the
+    backward takes the gradients from them (softmax's Jacobian)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
+        B, h, T_q, _ = q.shape
+        with torch.profiler.record_function(NARROW_PROFILER_NAME):
+            out, probs = compiled().narrow_attention(q, k, v, allowed.expand(B, h, T_q, k.size(-2)))
+        ctx.save_for_backward(q, k, v, probs)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+        q, k, v, probs = ctx.saved_tensors
+        with torch.profiler.record_function(NARROW_PROFILER_NAME):
+            dq, dk, dv = compiled().narrow_attention_backward(grad.contiguous(), q, k, v, probs)
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), None
 
 
 def reorder_rows(buffers: list[Tensor], index: Tensor, filled: int) -> bool:
@@ -126,3 +161,23 @@ def reorder_rows(buffers: list[Tensor], index: Tensor, filled: int) -> bool:
     with torch.profiler.record_function(REORDER_PROFILER_NAME):
         compiled().reorder_rows(buffers, index.long().contiguous(), filled)
     return True
+
+
+def takes_loss(logits: Tensor) -> bool:
+    """Whether `smoothed_nll` can take these logits: on the CPU, float32/64."""
+    return logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and compiled() is not None
+
+
+def smoothed_nll(logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """Per row of logits (N, V): (1 - eps) * -log p(target) + eps * mean over the vocabulary of -log p, and the row's
+    log-sum-exp (for `smoothed_nll_backward`)."""
+    with torch.profiler.record_function(LOSS_PROFILER_NAME):
+        loss, lse = compiled().smoothed_nll(logits.contiguous(), target.contiguous(), eps)
+    return loss, lse
+
+
+def smoothed_nll_backward(logits: Tensor, target: Tensor, lse: Tensor, scale: Tensor, eps: float) -> Tensor:
+    """The gradient of sum_n scale[n] * smoothed_nll(logits)[n] with respect to the logits."""
+    with torch.profiler.record_function(LOSS_PROFILER_NAME):
+        return compiled().smoothed_nll_backward(logits.contiguous(), target.contiguous(), lse, scale.contiguous(), eps)
+

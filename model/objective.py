@@ -4,40 +4,53 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from model import kernel
+
 
 class _LabelSmoothedLoss(torch.autograd.Function):
-    """Label-smoothed cross-entropy in one log-softmax pass forward and one pass backward.
+    """Label-smoothed cross-entropy in one pass over the logits forward and one backward.
 
-    F.cross_entropy(label_smoothing=eps) builds its gradient from a scattered one-hot, a broadcast smoothing
-    term and their sum, each as large as the logits; here the gradient w * (softmax - q) is written once.
+    F.cross_entropy(label_smoothing=eps) builds its gradient from a scattered one-hot, a broadcast smoothing term and
+    their sum, each as large as the logits; here the gradient w * (softmax - q) is written once, from each row's
+    log-sum-exp: by the CPU kernel (model/kernel.py) with `by_kernel`, else by torch ops.
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
-        V = logits.size(-1)
-        logp = torch.log_softmax(logits.reshape(-1, V), dim=-1)
-        target = target.reshape(-1, 1)
-        weight = target.ne(pad_id).to(logp.dtype)
+    def forward(ctx, logits: Tensor, target: Tensor, pad_id: int, eps: float, by_kernel: bool) -> Tensor:
+        flat, target = logits.reshape(-1, logits.size(-1)), target.reshape(-1)
+        weight = target.ne(pad_id).to(logits.dtype)
         weight = weight / weight.sum()  # 0/0 = nan with no target token, as F.cross_entropy gives
-        nll = -logp.gather(1, target)
-        smooth = -logp.sum(-1, keepdim=True) / V
-        ctx.save_for_backward(logp, target, weight)
-        ctx.eps, ctx.shape = eps, logits.shape
-        return ((1 - eps) * nll + eps * smooth).mul_(weight).sum()
+        rows, lse = kernel.smoothed_nll(flat, target, eps) if by_kernel else row_losses(flat, target, eps)
+        ctx.save_for_backward(flat, target, weight, lse)
+        ctx.eps, ctx.shape, ctx.by_kernel = eps, logits.shape, by_kernel
+        return rows.mul_(weight).sum()
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:
-        logp, target, weight = ctx.saved_tensors
-        scale = weight * grad  # (N, 1)
-        out = logp.exp()
-        torch.addcmul(scale * (-ctx.eps / logp.size(-1)), out, scale, out=out)  # w * (softmax - eps / V) ...
-        out.scatter_add_(1, target, -(1 - ctx.eps) * scale)  # ... - w * (1 - eps) * one-hot
-        return out.view(ctx.shape), None, None, None
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
+        flat, target, weight, lse = ctx.saved_tensors
+        scale, eps = weight * grad, ctx.eps  # (N,)
+        if ctx.by_kernel:
+            return kernel.smoothed_nll_backward(flat, target, lse, scale, eps).view(ctx.shape), None, None, None, None
+        out = torch.exp(flat - lse.unsqueeze(1)).sub_(eps / flat.size(-1)).mul_(scale.unsqueeze(1))  # w * (softmax - eps / V) ...
+        out.scatter_add_(1, target.unsqueeze(1), (-(1 - eps) * scale).unsqueeze(1))  # ... - w * (1 - eps) * one-hot
+        return out.view(ctx.shape), None, None, None, None
+
+
+def row_losses(logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """Per row of logits (N, V): (1 - eps) * -log p(target) + eps * mean_v -log p(v), and the row's log-sum-exp."""
+    lse = torch.logsumexp(logits, dim=-1)
+    nll = lse - logits.gather(1, target.unsqueeze(1)).squeeze(1)
+    return (1 - eps) * nll + eps * (lse - logits.mean(-1)), lse
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
     """Cross-entropy against (1 - eps) * one-hot + eps / vocab, averaged over non-pad target tokens (section 5.4)."""
-    return _LabelSmoothedLoss.apply(logits, target, pad_id, eps)
+    return _LabelSmoothedLoss.apply(logits, target, pad_id, eps, kernel.takes_loss(logits))
+
+
+def label_smoothed_loss_by_torch_ops(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
+    """`label_smoothed_loss` without the CPU kernel (the benchmark's before, and the tests' check of both)."""
+    return _LabelSmoothedLoss.apply(logits, target, pad_id, eps, False)
 
 
 def learning_rate(step: int, d_model: int, warmup: int = 4000, peak: float | None = None) -> float:

@@ -20,7 +20,7 @@ def skipped(folder: str, names: list[str]) -> list[str]:
     """Everything but sources and package data: caches, and the outputs kept beside the reports' code."""
     here = Path(folder)
     return [n for n in names if n == "__pycache__" or (here == REPO / "reports" and n in REPORT_DATA)
-            or ((here / n).is_file() and not (n.endswith((".py", ".cpp")) or n == "table3.csv"))]
+            or ((here / n).is_file() and not (n.endswith((".py", ".cpp", ".h")) or n == "table3.csv"))]
 
 
 def source_copy(dest: Path) -> Path:
@@ -71,7 +71,8 @@ def test_the_wheel_declares_what_the_invariants_import_and_the_console_scripts(w
         scripts = zf.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert "Requires-Dist: hypothesis==" in metadata and "Requires-Dist: torch==2.13.0" in metadata
     assert {"aiayn-invariants", "aiayn-ablations", "aiayn-reports"} <= {line.split("=")[0].strip() for line in scripts.splitlines()}
-    assert "model/table3.csv" in names and "model/attention_kernel.cpp" in names
+    kernels = [f"model/{name}_kernel.cpp" for name in ("attention", "narrow", "reorder", "loss")] + ["model/kernels.h"]
+    assert "model/table3.csv" in names and set(kernels) <= set(names)
 
 
 def test_installed_package_runs_from_a_working_directory_and_reads_its_paths_there(venv, tmp_path):
@@ -80,7 +81,7 @@ def test_installed_package_runs_from_a_working_directory_and_reads_its_paths_the
     where = run(venv, tmp_path, "-c", "import model, invariants; print(model.__file__, invariants.__file__)")
     assert where.returncode == 0, where.stderr
     assert str(REPO) not in where.stdout and str(venv) in where.stdout  # the installed copy, not the checkout
-    kernel_source = run(venv, tmp_path, "-c", "from model.kernel import SOURCE; print(SOURCE.is_file())")
+    kernel_source = run(venv, tmp_path, "-c", "from model import kernel; print(all(f.is_file() for f in [*kernel.SOURCES, kernel.HEADER]))")
     assert kernel_source.stdout.strip() == "True", kernel_source.stderr  # what the kernel is built from, on first use
 
     listed = run(venv, tmp_path, "-m", "invariants", "--list")

@@ -1,9 +1,11 @@
-"""The decoding kernels (model/kernel.py) compute what the torch ops compute, and are taken only where they apply."""
+"""The attention kernels (model/kernel.py) compute what the torch ops compute, forward and backward, and are taken only
+where they apply."""
 import os
 import time
 
 import pytest
 import torch
+from torch import Tensor
 
 from ablations.bpe import PAD
 from ablations.decoding import beam_search
@@ -29,7 +31,7 @@ def test_kernel_equals_explicit_attention_with_padding_and_a_row_without_keys(dt
     pad = torch.tensor([[False] * 9, [False] * 5 + [True] * 4, [True] * 9])  # the third row sees no key at all
     allowed = ~pad[:, None, None, :]
     expected, _ = explicit_attention(q, k, v, allowed)
-    got = kernel.few_query_attention(q, k, v, allowed)
+    got = kernel.attention(q, k, v, allowed)
     torch.testing.assert_close(got, expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
     assert got[2].eq(0).all()
 
@@ -43,23 +45,74 @@ def test_kernel_reads_the_cache_views_and_head_layout_that_decoding_passes():
     q_heads = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, h, 1, d) as split from a (B, 1, h * d) projection
     causal = torch.ones(1, 40, dtype=torch.bool)  # a decoding step's causal mask: every cached key is visible
     expected, _ = explicit_attention(q, k, v, causal)
-    torch.testing.assert_close(kernel.few_query_attention(q_heads, k_view, v_view, causal), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kernel.attention(q_heads, k_view, v_view, causal), expected, atol=1e-5, rtol=1e-5)
 
 
 @needs_kernel
-def test_attend_takes_the_kernel_only_for_a_few_queries_without_gradients():
-    q, k, v = qkv(2, 2, 1, 5, 8, 8, torch.float32)
+def test_attend_takes_the_kernel_for_a_few_queries_without_gradients_or_for_narrow_heads():
     allowed = torch.ones(1, 5, dtype=torch.bool)
-    assert kernel.applies(q, k, v, allowed)
-    assert not kernel.applies(*qkv(2, 2, kernel.MAX_QUERIES + 1, 5, 8, 8, torch.float32), allowed)
-    assert not kernel.applies(q.bfloat16(), k.bfloat16(), v.bfloat16(), allowed)
-    with_grad = q.clone().requires_grad_()
-    assert not kernel.applies(with_grad, k, v, allowed)
-    out, _ = attend(with_grad, k, v, allowed, need_weights=False)
-    out.sum().backward()  # training decodes through torch ops, which autograd follows
-    assert with_grad.grad is not None
+    few_wide = qkv(2, 2, 1, 5, 64, 64, torch.float32)
+    many_wide = qkv(2, 2, kernel.MAX_QUERIES + 1, 5, 64, 64, torch.float32)
+    many_narrow = qkv(2, 2, kernel.MAX_QUERIES + 1, 5, kernel.NARROW, kernel.NARROW, torch.float32)
+    assert kernel.applies(*few_wide, allowed) and kernel.applies(*many_narrow, allowed)
+    assert not kernel.applies(*many_wide, allowed)
+    assert not kernel.applies(*(x.bfloat16() for x in few_wide), allowed)
+    wide_with_grad = few_wide[0].clone().requires_grad_()
+    assert not kernel.applies(wide_with_grad, *few_wide[1:], allowed)
     with torch.no_grad():
-        assert kernel.applies(with_grad, k, v, allowed)
+        assert kernel.applies(wide_with_grad, *few_wide[1:], allowed)
+    narrow_with_grad = many_narrow[0].clone().requires_grad_()
+    assert kernel.applies(narrow_with_grad, *many_narrow[1:], allowed)
+
+
+def projected_heads(B: int, T: int, h: int, d: int, dtype: torch.dtype, seed: int) -> tuple[Tensor, Tensor]:
+    """A leaf (B, T, h * d), as a linear map gives it, and its heads' view (B, h, T, d), as attention receives them."""
+    x = torch.randn(B, T, h * d, generator=torch.Generator().manual_seed(seed), dtype=dtype, requires_grad=True)
+    return x, x.view(B, T, h, d).transpose(1, 2)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("d_k, d_v", [(8, 8), (4, 4), (2, 2), (8, 4), (3, 3)])  # the narrow widths compiled in, and others
+@pytest.mark.parametrize("T_q, T_k, causal", [(7, 9, False), (12, 12, True), (1, 17, False), (16, 16, True)])
+def test_narrow_head_kernel_gives_the_explicit_paths_outputs_and_gradients(dtype, d_k, d_v, T_q, T_k, causal):
+    (xq, q), (xk, k), (xv, v) = (projected_heads(3, T, 2, d, dtype, seed)
+                                 for seed, (T, d) in enumerate([(T_q, d_k), (T_k, d_k), (T_k, d_v)]))
+    pad = torch.zeros(3, T_k, dtype=torch.bool)
+    pad[1, T_k // 2:] = True
+    pad[2] = True  # the third row sees no key at all
+    allowed = ~pad[:, None, None, :]
+    if causal:
+        allowed = allowed & torch.ones(T_q, T_k, dtype=torch.bool).tril()
+    grad = torch.randn(3, 2, T_q, d_v, generator=torch.Generator().manual_seed(9), dtype=dtype)
+    expected = explicit_attention(q, k, v, allowed)[0]
+    got = kernel.attention(q, k, v, allowed)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+    assert got[2].eq(0).all()
+    for want, have in zip(torch.autograd.grad(expected, (xq, xk, xv), grad), torch.autograd.grad(got, (xq, xk, xv), grad)):
+        torch.testing.assert_close(have, want, atol=tol, rtol=tol)  # gradients are O(1) sums of O(1) products
+
+
+@needs_kernel
+def test_narrow_head_kernel_passes_torchs_numerical_gradient_check_in_float64():
+    (xq, q), (xk, k), (xv, v) = (projected_heads(2, 6, 2, 8, torch.float64, seed) for seed in range(3))
+    allowed = torch.tensor([[True] * 6, [True] * 3 + [False] * 3])[:, None, None, :] & torch.ones(6, 6, dtype=torch.bool).tril()
+
+    def attention(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+        heads = [x.view(2, 6, 2, 8).transpose(1, 2) for x in (a, b, c)]
+        return kernel.attention(*heads, allowed)
+
+    assert torch.autograd.gradcheck(attention, (xq, xk, xv))
+
+
+@needs_kernel
+def test_narrow_head_kernel_cannot_be_differentiated_twice_silently():
+    (xq, q), (_, k), (_, v) = (projected_heads(2, 4, 2, 8, torch.float64, seed) for seed in range(3))
+    out = kernel.attention(q, k.detach(), v.detach(), torch.ones(1, 4, dtype=torch.bool))
+    (grad,) = torch.autograd.grad(out.square().sum(), xq, create_graph=True)
+    with pytest.raises(RuntimeError):
+        grad.sum().backward()
 
 
 @needs_kernel
@@ -148,7 +201,8 @@ def test_beam_search_finds_the_same_hypotheses_with_the_kernel_switched_off(fres
 
 @needs_kernel
 @pytest.mark.parametrize("where", ["query", "masked key"])
-def test_a_query_whose_scores_are_not_finite_gets_nan_as_on_the_explicit_path_not_a_quiet_number(where):
+@pytest.mark.parametrize("training", [False, True])  # the few-query kernel; the narrow-head one, with gradients
+def test_a_query_whose_scores_are_not_finite_gets_nan_as_on_the_explicit_path_not_a_quiet_number(where, training):
     q, k, v = qkv(2, 2, 1, 6, 8, 8, torch.float32)
     allowed = torch.tensor([True] * 4 + [False] * 2).view(1, 1, 1, 6)
     if where == "query":
@@ -156,7 +210,7 @@ def test_a_query_whose_scores_are_not_finite_gets_nan_as_on_the_explicit_path_no
     else:
         k[0, 1, 5, 0] = float("nan")  # a padded position's key: a broken model's, not hidden by the mask
     expected, _ = explicit_attention(q, k, v, allowed)
-    got = kernel.few_query_attention(q, k, v, allowed)
+    got = kernel.attention(q.requires_grad_(training), k, v, allowed).detach()
     assert expected[0, 1].isnan().all() and got[0, 1].isnan().all()
     torch.testing.assert_close(got[1], expected[1], atol=1e-5, rtol=1e-5)  # the other rows are untouched
 
