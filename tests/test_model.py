@@ -90,6 +90,16 @@ def test_loss_and_its_gradient_equal_torch_label_smoothed_cross_entropy(eps, los
     torch.testing.assert_close(ours_grad, theirs_grad, atol=1e-12, rtol=1e-12)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("loss", [label_smoothed_loss, label_smoothed_loss_by_torch_ops])
+def test_a_non_finite_logit_makes_the_loss_non_finite_as_torch_cross_entropy_does(bad, loss):
+    logits = torch.randn(2, 3, 10, generator=torch.Generator().manual_seed(0))
+    logits[0, 1, 4] = bad
+    target = torch.tensor([[3, 4, 5], [6, 7, 8]])
+    theirs = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=0, label_smoothing=0.1)
+    torch.testing.assert_close(loss(logits, target, 0, 0.1), theirs, equal_nan=True)  # nan, or inf for a -inf logit
+
+
 def test_model_gives_the_same_logits_whether_or_not_attention_probabilities_are_captured():
     model = Transformer(TINY).eval()
     src, tgt, src_pad, tgt_pad = batch()
