@@ -9,7 +9,7 @@ from ablations.bench import FullReorderCache, StridedCrossCache, TorchOpsReorder
 from ablations.bpe import PAD
 from ablations.decoding import beam_search
 from ablations.throughput import choose_threads
-from model import Transformer, TransformerConfig
+from model import Transformer, TransformerConfig, kernel
 from model.attention import KVCache
 from tests.cli_runs import needs_data
 
@@ -126,6 +126,11 @@ def test_profile_shares_of_training_and_beam_search_sum_to_one(tmp_path):
         shares = [float(line.rsplit("|", 2)[1].strip(" %")) for line in table.splitlines()[2:]]
         assert shares and sum(shares) == pytest.approx(100, abs=0.1 * len(shares))
     assert "GEMM (mm, bmm, addmm)" in report and "d_model 8" in report
+
+
+def test_profile_counts_each_kernel_of_the_reference_under_a_kind_of_its_own():
+    named = {op for ops in profiling.KINDS.values() for op in ops}
+    assert {kernel.PROFILER_NAME, kernel.NARROW_PROFILER_NAME, kernel.LOSS_PROFILER_NAME, kernel.REORDER_PROFILER_NAME} <= named
 
 
 @pytest.mark.parametrize("command", [main, profiling.main], ids=["bench", "profiling"])
