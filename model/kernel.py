@@ -168,16 +168,16 @@ def takes_loss(logits: Tensor) -> bool:
     return logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and compiled() is not None
 
 
-def smoothed_nll(logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """Per row of logits (N, V): (1 - eps) * -log p(target) + eps * mean over the vocabulary of -log p, and the row's
-    log-sum-exp (for `smoothed_nll_backward`)."""
+def smoothed_nll(logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Per row of logits (N, V): (1 - eps) * -log p(target) + eps * mean over the vocabulary of -log p; and the row's
+    maximum m and log sum exp(logits - m), for `smoothed_nll_backward`."""
     with torch.profiler.record_function(LOSS_PROFILER_NAME):
-        loss, lse = compiled().smoothed_nll(logits.contiguous(), target.contiguous(), eps)
-    return loss, lse
+        return tuple(compiled().smoothed_nll(logits.contiguous(), target.contiguous(), eps))
 
 
-def smoothed_nll_backward(logits: Tensor, target: Tensor, lse: Tensor, scale: Tensor, eps: float) -> Tensor:
+def smoothed_nll_backward(logits: Tensor, target: Tensor, top: Tensor, log_sum: Tensor, scale: Tensor,
+                          eps: float) -> Tensor:
     """The gradient of sum_n scale[n] * smoothed_nll(logits)[n] with respect to the logits."""
     with torch.profiler.record_function(LOSS_PROFILER_NAME):
-        return compiled().smoothed_nll_backward(logits.contiguous(), target.contiguous(), lse, scale.contiguous(), eps)
-
+        return compiled().smoothed_nll_backward(logits.contiguous(), target.contiguous(), top, log_sum,
+                                                scale.contiguous(), eps)

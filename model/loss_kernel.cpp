@@ -26,15 +26,18 @@ void check_rows(const at::Tensor& logits, const at::Tensor& target) {
 
 }  // namespace
 
-// Per row n: (1 - eps) * (lse - x[target]) + eps * (lse - mean(x)), with lse = log sum exp(x); returns (loss, lse).
+// Per row n: (1 - eps) * (lse - x[target]) + eps * (lse - mean(x)), with lse = log sum exp(x); returns (loss, the
+// row's maximum m, log sum exp(x - m)). Every term is formed from x - m, so that large logits lose nothing to
+// cancellation, and `opaque` keeps -ffast-math from regrouping lse - x[target] as (m + log_z) - x[target].
 std::vector<at::Tensor> smoothed_nll(const at::Tensor& logits, const at::Tensor& target, double eps) {
   check_rows(logits, target);
   const int64_t N = logits.size(0), V = logits.size(1);
-  auto loss = at::empty({N}, logits.options()), lse = at::empty({N}, logits.options());
+  auto loss = at::empty({N}, logits.options()), top = at::empty({N}, logits.options());
+  auto log_sum = at::empty({N}, logits.options());
   AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "smoothed_nll", [&] {
     const scalar_t* x = logits.data_ptr<scalar_t>();
     const int64_t* t = target.data_ptr<int64_t>();
-    scalar_t *lp = loss.data_ptr<scalar_t>(), *ep = lse.data_ptr<scalar_t>();
+    scalar_t *lp = loss.data_ptr<scalar_t>(), *mp = top.data_ptr<scalar_t>(), *zp = log_sum.data_ptr<scalar_t>();
     const scalar_t keep = scalar_t(1 - eps), spread = scalar_t(eps);
     at::parallel_for(0, N, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, V)), [&](int64_t begin, int64_t end) {
       for (int64_t n = begin; n < end; ++n) {
@@ -43,27 +46,31 @@ std::vector<at::Tensor> smoothed_nll(const at::Tensor& logits, const at::Tensor&
         for (int64_t v = 0; v < V; ++v) m = std::max(m, row[v]);
         for (int64_t v = 0; v < V; ++v) {
           z += std::exp(row[v] - m);
-          sum += row[v];
+          sum += row[v] - m;
         }
-        ep[n] = m + std::log(z);
-        lp[n] = keep * (ep[n] - row[t[n]]) + spread * (ep[n] - sum / scalar_t(V));
+        const scalar_t log_z = std::log(z), target_shifted = opaque(row[t[n]] - m);
+        mp[n] = m;
+        zp[n] = log_z;
+        lp[n] = keep * (log_z - target_shifted) + spread * (log_z - sum / scalar_t(V));
       }
     });
   });
-  return {loss, lse};
+  return {loss, top, log_sum};
 }
 
-// d loss / d logits for per-row weights `scale` (N,): scale * (softmax(x) - eps / V - (1 - eps) * one-hot(target)).
-at::Tensor smoothed_nll_backward(const at::Tensor& logits, const at::Tensor& target, const at::Tensor& lse,
-                                 const at::Tensor& scale, double eps) {
+// d loss / d logits for per-row weights `scale` (N,): scale * (softmax(x) - eps / V - (1 - eps) * one-hot(target)),
+// from smoothed_nll's m and log_z: softmax(x) = exp(x - m) / exp(log_z).
+at::Tensor smoothed_nll_backward(const at::Tensor& logits, const at::Tensor& target, const at::Tensor& top,
+                                 const at::Tensor& log_sum, const at::Tensor& scale, double eps) {
   check_rows(logits, target);
-  TORCH_CHECK(lse.is_contiguous() && scale.is_contiguous() && lse.numel() == logits.size(0) &&
-              scale.numel() == logits.size(0) && lse.scalar_type() == logits.scalar_type() &&
-              scale.scalar_type() == logits.scalar_type(), "lse and scale must be contiguous (N,) of the logits' dtype");
+  for (const at::Tensor* row : {&top, &log_sum, &scale})
+    TORCH_CHECK(row->is_contiguous() && row->numel() == logits.size(0) && row->scalar_type() == logits.scalar_type(),
+                "top, log_sum and scale must be contiguous (N,) of the logits' dtype");
   const int64_t N = logits.size(0), V = logits.size(1);
   auto grad = at::empty_like(logits);
   AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "smoothed_nll_backward", [&] {
-    const scalar_t *x = logits.data_ptr<scalar_t>(), *ep = lse.data_ptr<scalar_t>(), *sp = scale.data_ptr<scalar_t>();
+    const scalar_t *x = logits.data_ptr<scalar_t>(), *mp = top.data_ptr<scalar_t>(), *zp = log_sum.data_ptr<scalar_t>();
+    const scalar_t* sp = scale.data_ptr<scalar_t>();
     const int64_t* t = target.data_ptr<int64_t>();
     scalar_t* g = grad.data_ptr<scalar_t>();
     const scalar_t spread = scalar_t(eps / V), keep = scalar_t(1 - eps);
@@ -71,8 +78,8 @@ at::Tensor smoothed_nll_backward(const at::Tensor& logits, const at::Tensor& tar
       for (int64_t n = begin; n < end; ++n) {
         const scalar_t* row = x + n * V;
         scalar_t* out = g + n * V;
-        const scalar_t w = sp[n], e = ep[n];
-        for (int64_t v = 0; v < V; ++v) out[v] = w * (std::exp(row[v] - e) - spread);
+        const scalar_t w = sp[n], m = mp[n], inv_z = opaque(std::exp(-zp[n]));  // not merged into the exp below
+        for (int64_t v = 0; v < V; ++v) out[v] = w * (std::exp(row[v] - m) * inv_z - spread);
         out[t[n]] -= w * keep;
       }
     });

@@ -93,6 +93,7 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d)));
   const T lowest = std::numeric_limits<T>::lowest();
   const T floor = sizeof(T) == 4 ? T(-80) : T(-700);  // exp(floor) is a normal number: probabilities below it are 0
+  const T tiny = std::ldexp(T(1), -64);  // 2^-64: the largest finite score times this, summed over any T_k, is finite
   const T *qp = q.data_ptr<T>(), *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>();
   T* op = out.data_ptr<T>();  // (B, Tq, H, dv), contiguous
   T* pp = probs.data_ptr<T>();  // (B, H, Tq, Tp), contiguous
@@ -122,17 +123,19 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
         T* s = P + i * Tp;
         const T* a = keep.data() + (((as[0] ? b : 0) * nh + (as[1] ? h : 0)) * nq + (as[2] ? i : 0)) * Tp;
         // A score that is NaN or infinite makes the sum of the scores so (found by its bits: -ffast-math lets the
-        // compiler drop std::isfinite). Masked keys and the padding get weight 0 after the exp, whose argument is kept
-        // above `floor`: the vector exp takes a slow scalar path for results that underflow, and every masked key's would.
+        // compiler drop std::isfinite); the scores are summed scaled down, so that finite ones cannot overflow it.
+        // Masked keys and the padding get weight 0 after the exp, whose argument is kept between `floor` (the vector
+        // exp takes a slow scalar path for results that underflow) and 0 (a masked key may score far above m, and
+        // exp's inf times 0 would be NaN); an allowed key's is always in between.
         T total = 0, m = lowest, z = 0;
-        for (int64_t t = 0; t < Tp; ++t) total += s[t];
+        for (int64_t t = 0; t < Tp; ++t) total += s[t] * tiny;
         for (int64_t t = 0; t < Tp; ++t) m = std::max(m, a[t] > 0 ? s[t] : lowest);
         if (non_finite(total) || m == lowest) {  // as on the explicit path: NaN, or zero with no visible key
           std::fill(s, s + Tp, non_finite(total) ? std::numeric_limits<T>::quiet_NaN() : T(0));
           continue;
         }
         for (int64_t t = 0; t < Tp; ++t) {
-          s[t] = std::exp(std::max(s[t] - m, floor)) * a[t];
+          s[t] = std::exp(std::min(std::max(s[t] - m, floor), T(0))) * a[t];
           z += s[t];
         }
         const T inv = T(1) / z;

@@ -12,7 +12,7 @@ class _LabelSmoothedLoss(torch.autograd.Function):
 
     F.cross_entropy(label_smoothing=eps) builds its gradient from a scattered one-hot, a broadcast smoothing term and
     their sum, each as large as the logits; here the gradient w * (softmax - q) is written once, from each row's
-    log-sum-exp: by the CPU kernel (model/kernel.py) with `by_kernel`, else by torch ops.
+    maximum and log-sum-exp: by the CPU kernel (model/kernel.py) with `by_kernel`, else by torch ops.
     """
 
     @staticmethod
@@ -20,27 +20,33 @@ class _LabelSmoothedLoss(torch.autograd.Function):
         flat, target = logits.reshape(-1, logits.size(-1)), target.reshape(-1)
         weight = target.ne(pad_id).to(logits.dtype)
         weight = weight / weight.sum()  # 0/0 = nan with no target token, as F.cross_entropy gives
-        rows, lse = kernel.smoothed_nll(flat, target, eps) if by_kernel else row_losses(flat, target, eps)
-        ctx.save_for_backward(flat, target, weight, lse)
+        rows, top, log_sum = kernel.smoothed_nll(flat, target, eps) if by_kernel else row_losses(flat, target, eps)
+        ctx.save_for_backward(flat, target, weight, top, log_sum)
         ctx.eps, ctx.shape, ctx.by_kernel = eps, logits.shape, by_kernel
         return rows.mul_(weight).sum()
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
-        flat, target, weight, lse = ctx.saved_tensors
+        flat, target, weight, top, log_sum = ctx.saved_tensors
         scale, eps = weight * grad, ctx.eps  # (N,)
         if ctx.by_kernel:
-            return kernel.smoothed_nll_backward(flat, target, lse, scale, eps).view(ctx.shape), None, None, None, None
-        out = torch.exp(flat - lse.unsqueeze(1)).sub_(eps / flat.size(-1)).mul_(scale.unsqueeze(1))  # w * (softmax - eps / V) ...
+            out = kernel.smoothed_nll_backward(flat, target, top, log_sum, scale, eps)
+            return out.view(ctx.shape), None, None, None, None
+        softmax = torch.exp((flat - top.unsqueeze(1)).sub_(log_sum.unsqueeze(1)))  # x - m first: no digits lost
+        out = softmax.sub_(eps / flat.size(-1)).mul_(scale.unsqueeze(1))  # w * (softmax - eps / V) ...
         out.scatter_add_(1, target.unsqueeze(1), (-(1 - eps) * scale).unsqueeze(1))  # ... - w * (1 - eps) * one-hot
         return out.view(ctx.shape), None, None, None, None
 
 
-def row_losses(logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """Per row of logits (N, V): (1 - eps) * -log p(target) + eps * mean_v -log p(v), and the row's log-sum-exp."""
-    lse = torch.logsumexp(logits, dim=-1)
-    nll = lse - logits.gather(1, target.unsqueeze(1)).squeeze(1)
-    return (1 - eps) * nll + eps * (lse - logits.mean(-1)), lse
+def row_losses(logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Per row of logits (N, V): (1 - eps) * -log p(target) + eps * mean_v -log p(v), the row's maximum m and
+    log sum exp(logits - m); from the logits less m, so that large logits lose nothing to cancellation."""
+    top = logits.max(-1).values
+    shifted = logits - top.unsqueeze(1)
+    log_sum = torch.logsumexp(shifted, dim=-1)
+    nll = log_sum - shifted.gather(1, target.unsqueeze(1)).squeeze(1)
+    return (1 - eps) * nll + eps * (log_sum - shifted.mean(-1)), top, log_sum
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:

@@ -111,8 +111,25 @@ def test_narrow_head_kernel_cannot_be_differentiated_twice_silently():
     (xq, q), (_, k), (_, v) = (projected_heads(2, 4, 2, 8, torch.float64, seed) for seed in range(3))
     out = kernel.attention(q, k.detach(), v.detach(), torch.ones(1, 4, dtype=torch.bool))
     (grad,) = torch.autograd.grad(out.square().sum(), xq, create_graph=True)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="differentiate twice"):
         grad.sum().backward()
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype, big", [(torch.float32, 50.0), (torch.float64, 400.0)])  # past exp's range: 88, 709
+def test_narrow_head_kernel_stays_finite_where_masked_keys_or_padding_score_far_above_the_visible_ones(dtype, big):
+    q = torch.zeros(1, 1, 9, 8, dtype=dtype)
+    q[..., 0] = 1
+    k = torch.zeros(1, 1, 9, 8, dtype=dtype)
+    k[0, 0, 0, 0], k[0, 0, 1, 0] = -big * 8**0.5, big * 8**0.5  # query 0 sees only key 0, which scores -big; key 1, +big
+    v = torch.randn(1, 1, 9, 8, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()
+    low = torch.full((1, 1, 3, 8), -2 * big / 8**0.5, dtype=dtype)  # every score -2 big, below the zeros of the padding
+    for args in [(q, k, v, causal), (q[:, :, :3], low, low, torch.ones(1, 3, dtype=torch.bool))]:
+        expected = explicit_attention(*args)[0]
+        got = kernel.attention(args[0].clone().requires_grad_(), *args[1:]).detach()  # with a gradient: the narrow kernel
+        assert got.isfinite().all()
+        torch.testing.assert_close(got, expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
 @needs_kernel

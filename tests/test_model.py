@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import Transformer, TransformerConfig
+from model import Transformer, TransformerConfig, kernel
 from model.attention import attend, explicit_attention, explicit_is_faster
 from model.objective import label_smoothed_loss, label_smoothed_loss_by_torch_ops
 from model.transformer import causal_mask, key_padding_allowed
@@ -74,8 +74,16 @@ def test_attention_kernel_is_chosen_by_shape_on_cpu():
     assert not explicit_is_faster(wide, torch.zeros(1, 1, 65, 64))
 
 
+def with_and_without_the_loss_kernel(test):
+    """Run a loss test on label_smoothed_loss (which takes the CPU kernel where it is built: skipped where it is not)
+    and on label_smoothed_loss_by_torch_ops."""
+    kernel_built = pytest.param(label_smoothed_loss, marks=pytest.mark.skipif(
+        not kernel.takes_loss(torch.zeros(1)), reason="the kernels cannot be built here (see stderr)"), id="kernel")
+    return pytest.mark.parametrize("loss", [kernel_built, pytest.param(label_smoothed_loss_by_torch_ops, id="torch-ops")])(test)
+
+
 @pytest.mark.parametrize("eps", [0.0, 0.1])
-@pytest.mark.parametrize("loss", [label_smoothed_loss, label_smoothed_loss_by_torch_ops])  # with the CPU kernel, without
+@with_and_without_the_loss_kernel
 def test_loss_and_its_gradient_equal_torch_label_smoothed_cross_entropy(eps, loss):
     # float64: the two sum in different orders and agree to ~1e-15.
     g = torch.Generator().manual_seed(3)
@@ -91,13 +99,29 @@ def test_loss_and_its_gradient_equal_torch_label_smoothed_cross_entropy(eps, los
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-@pytest.mark.parametrize("loss", [label_smoothed_loss, label_smoothed_loss_by_torch_ops])
+@with_and_without_the_loss_kernel
 def test_a_non_finite_logit_makes_the_loss_non_finite_as_torch_cross_entropy_does(bad, loss):
     logits = torch.randn(2, 3, 10, generator=torch.Generator().manual_seed(0))
     logits[0, 1, 4] = bad
     target = torch.tensor([[3, 4, 5], [6, 7, 8]])
     theirs = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=0, label_smoothing=0.1)
     torch.testing.assert_close(loss(logits, target, 0, 0.1), theirs, equal_nan=True)  # nan, or inf for a -inf logit
+
+
+@with_and_without_the_loss_kernel
+def test_loss_and_its_gradient_keep_float32_precision_for_logits_far_from_zero(loss):
+    # float32 resolves 1e-3 at 1e4: a loss or a softmax formed from the logits before their maximum is taken away
+    # loses ~1e-5 relative (the loss) and ~1e-3 (the gradient), torch's cross_entropy ~1e-8 and ~1e-7.
+    g = torch.Generator().manual_seed(1)
+    logits = (1e4 + torch.randn(4, 5, 3000, generator=g)).requires_grad_()
+    target = torch.randint(1, 3000, (4, 5), generator=g)
+    exact_logits = logits.detach().double().requires_grad_()
+    exact = F.cross_entropy(exact_logits.flatten(0, 1), target.flatten(), ignore_index=0, label_smoothing=0.1)
+    (exact_grad,) = torch.autograd.grad(exact, exact_logits)
+    ours = loss(logits, target, 0, 0.1)
+    (grad,) = torch.autograd.grad(ours, logits)
+    torch.testing.assert_close(ours.double(), exact, atol=0, rtol=1e-6)
+    assert (grad.double() - exact_grad).abs().max() <= 1e-6 * exact_grad.abs().max()
 
 
 def test_model_gives_the_same_logits_whether_or_not_attention_probabilities_are_captured():
