@@ -290,8 +290,9 @@ def markdown(meta: dict, training: list[dict], decoding: list[dict], skipped: li
         f"start and {meta['load_after']:.1f} at the end on {meta['cores']} cores. Every figure is the median of repetitions "
         f"interleaved across systems. {CLOCK_NOTES[meta['clock']]} The reference's decoding kernels "
         f"(model/kernel.py): {meta['attention_kernel']}.", "",
-        f"Training: {', '.join(f'{meta[k]} ({k[6:]})' for k in meta if k.startswith('steps_'))} timed steps after {meta['warmup']} warm-up step(s), the same {meta['preset']} dev "
-        f"batches of about {meta['batch_tokens']} source and target positions for every system, fp32; token ids from a "
+        f"Training: {', '.join(f'{meta[k]} ({k[6:]})' for k in meta if k.startswith('steps_'))} timed steps after {meta['warmup']} warm-up step(s), the same {meta['preset']} training "
+        f"batches of about {meta['batch_tokens']} source and target positions for every system (the first of the stream "
+        "the grid trains on: bucketed by length, so little padding), fp32; token ids from a "
         f"{meta['vocab']}-token BPE (the scaled models' vocabulary; the base models keep the paper's 37000 entries). "
         f"Threads: {meta['threads']} unless a row says otherwise (`--threads` or OMP_NUM_THREADS override). "
         f"GEMM calibration (fp32 1024x512 @ 512x2048, median over the repetitions): {gemm}. The fraction of the GEMM "
@@ -384,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         threads[size] = choose_threads(cfg, args.threads)
         torch.set_num_threads(threads[size])
         steps = args.steps or (5 if size == "base" else 12)
-        stream = BatchStream(data.dev_src, data.dev_tgt, args.batch_tokens, seed=0)
+        stream = BatchStream(data.train_src, data.train_tgt, args.batch_tokens, seed=0)  # as training draws them
         rows, missing = bench_training(size, cfg, [stream.next() for _ in range(args.warmup + steps)], args.warmup, threads[size],
                                        CLOCKS[args.clock])
         training += rows

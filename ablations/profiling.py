@@ -1,7 +1,7 @@
 """`python -m ablations.profiling`: where the time of the CPU budget's training step and of beam search goes.
 
 Shares of CPU time by kind of operation (torch.profiler, self time of each aten op), for the scaled base model (the
-cpu budget's sizes and vocabulary) on one thread: a training step on Multi30k dev batches of the budget's size, and
+cpu budget's sizes and vocabulary) on one thread: a training step on Multi30k training batches of the budget's size, and
 beam search (beam 4, sources of fixed length, every hypothesis forced to the same output length, as in the
 benchmark). It also times beam search with a model of width d_model / 8 beside the scaled one: what does not shrink
 with the width is fixed cost per operation (Python, dispatch), not arithmetic. Writes reports/profile.md, the
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     model = Transformer(cfg)
     optimizer = make_optimizer(model, torch.device("cpu"))
-    stream = BatchStream(data.dev_src, data.dev_tgt, cpu.batch_tokens, seed=0)
+    stream = BatchStream(data.train_src, data.train_tgt, cpu.batch_tokens, seed=0)  # as training draws them
     batches = [stream.next() for _ in range(args.steps)]
 
     def train() -> None:
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         "autograd between ops are not in them.",
         "",
         f"Training: the scaled base model (d_model {cfg.d_model}, {cfg.vocab_size}-token vocabulary), {len(batches)} steps on "
-        f"Multi30k dev batches of {cpu.batch_tokens} tokens, fused Adam: {step_s * 1e3:.0f} ms CPU per step.",
+        f"Multi30k training batches of {cpu.batch_tokens} tokens, fused Adam: {step_s * 1e3:.0f} ms CPU per step.",
         "",
         *table("training step", train_shares),
         f"Beam search: beam 4, {src.size(0)} sources of {src.size(1)} tokens, {src.size(1) + args.extra} output tokens each: "
