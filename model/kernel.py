@@ -27,7 +27,7 @@ from torch import Tensor
 
 SOURCES = [Path(__file__).with_name(f"{name}_kernel.cpp") for name in ("attention", "narrow", "reorder", "loss")]
 HEADER = Path(__file__).with_name("kernels.h")
-SWITCH = "AIAYN_ATTENTION_KERNEL"  # "0": never build or use the kernel
+SWITCH = "AIAYN_ATTENTION_KERNEL"  # "0": never build or use the kernels
 MAX_QUERIES = 8  # per row and head: a decoding step of beam search with up to 8 beams (measured faster up to 16)
 MAX_WIDTH = 256  # d_k, d_v: the kernel's fixed-size buffers
 NARROW = 8  # d_k, d_v up to this take the kernel for any number of queries: 2x torch ops at 8, slower from 16 (measured)
@@ -102,6 +102,7 @@ def compiled() -> ModuleType | None:
 
 
 def wants_gradient(*tensors: Tensor) -> bool:
+    """Whether autograd will record an op on these tensors."""
     return torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
 
 
