@@ -141,16 +141,8 @@ void dispatch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
 // q (B, h, T_q, d_k), k (B, h, T_k, d_k), v (B, h, T_k, d_v), allowed bool broadcast to (B, h, T_q, T_k); each with
 // unit stride in its last dimension. Returns (B, T_q, h, d_v), the layout W^O reads.
 at::Tensor few_query_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && allowed.dim() == 4, "q, k, v, allowed must be 4-d");
-  TORCH_CHECK(q.is_cpu() && k.is_cpu() && v.is_cpu() && allowed.is_cpu(), "q, k, v, allowed must be on the CPU");
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "q, k, v must share a dtype");
-  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "q, k, v need unit stride in the last dimension");
-  TORCH_CHECK(q.size(3) <= kMaxWidth && v.size(3) <= kMaxWidth, "head width above ", kMaxWidth);
-  TORCH_CHECK(allowed.scalar_type() == at::kBool, "allowed must be bool");
-  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3), "k does not match q");
-  TORCH_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2), "v does not match k");
-  TORCH_CHECK(allowed.size(0) == q.size(0) && allowed.size(1) == q.size(1) && allowed.size(2) == q.size(2) &&
-              allowed.size(3) == k.size(2), "allowed must be (B, h, T_q, T_k)");
+  check_heads(q, k, v, kMaxWidth);
+  check_allowed(allowed, q, k);
   auto out = at::empty({q.size(0), q.size(2), q.size(1), v.size(3)}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "few_query_attention", [&] { dispatch<scalar_t>(q, k, v, allowed, out); });
   return out;

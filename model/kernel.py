@@ -30,7 +30,7 @@ HEADER = Path(__file__).with_name("kernels.h")
 SWITCH = "AIAYN_ATTENTION_KERNEL"  # "0": never build or use the kernels
 MAX_QUERIES = 8  # per row and head: a decoding step of beam search with up to 8 beams (measured faster up to 16)
 MAX_WIDTH = 256  # d_k, d_v: the kernel's fixed-size buffers
-NARROW = 8  # d_k, d_v up to this take the kernel for any number of queries: 2x torch ops at 8, slower from 16 (measured)
+NARROW = 8  # d_k, d_v up to this (one register of 8 lanes) take the kernel for any number of queries: 2x torch ops at 8
 PROFILER_NAME = "aiayn::few_query_attention"
 NARROW_PROFILER_NAME = "aiayn::narrow_head_attention"
 LOSS_PROFILER_NAME = "aiayn::smoothed_nll"
@@ -125,10 +125,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
     differentiable in q, k and v. Where `applies` says so.
 
     The result is a view of a (B, T_q, h, d_v) tensor, so that joining the heads for W^O copies nothing."""
-    B, h, T_q, _ = q.shape
-    if T_q <= MAX_QUERIES and not wants_gradient(q, k, v):
+    allowed = allowed.expand(*q.shape[:3], k.size(-2))  # (B, h, T_q, T_k), as the kernels read it (a view)
+    if q.size(-2) <= MAX_QUERIES and not wants_gradient(q, k, v):
         with torch.profiler.record_function(PROFILER_NAME):  # named in torch.profiler's tables like an aten op
-            return compiled().few_query_attention(q, k, v, allowed.expand(B, h, T_q, k.size(-2))).transpose(1, 2)
+            return compiled().few_query_attention(q, k, v, allowed).transpose(1, 2)
     return _NarrowHeadAttention.apply(q, k, v, allowed).transpose(1, 2)
 
 
@@ -138,9 +138,8 @@ class _NarrowHeadAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
-        B, h, T_q, _ = q.shape
         with torch.profiler.record_function(NARROW_PROFILER_NAME):
-            out, probs = compiled().narrow_attention(q, k, v, allowed.expand(B, h, T_q, k.size(-2)))
+            out, probs = compiled().narrow_attention(q, k, v, allowed)
         ctx.save_for_backward(q, k, v, probs)
         return out
 

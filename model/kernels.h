@@ -27,6 +27,24 @@ inline T opaque(T x) {
   return x;
 }
 
+// The heads that both attention kernels take: q (B, h, T_q, d_k), k (B, h, T_k, d_k), v (B, h, T_k, d_v) on the CPU,
+// of one dtype, unit stride in the last dimension, widths up to max_width; and allowed, bool (B, h, T_q, T_k).
+inline void check_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t max_width) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be 4-d");
+  TORCH_CHECK(q.is_cpu() && k.is_cpu() && v.is_cpu(), "q, k, v must be on the CPU");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "q, k, v must share a dtype");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "q, k, v need unit stride in the last dimension");
+  TORCH_CHECK(q.size(3) <= max_width && v.size(3) <= max_width, "head width above ", max_width);
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3), "k does not match q");
+  TORCH_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2), "v does not match k");
+}
+
+inline void check_allowed(const at::Tensor& allowed, const at::Tensor& q, const at::Tensor& k) {
+  TORCH_CHECK(allowed.dim() == 4 && allowed.is_cpu() && allowed.scalar_type() == at::kBool &&
+              allowed.size(0) == q.size(0) && allowed.size(1) == q.size(1) && allowed.size(2) == q.size(2) &&
+              allowed.size(3) == k.size(2), "allowed must be bool (B, h, T_q, T_k) on the CPU");
+}
+
 std::vector<at::Tensor> narrow_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                          const at::Tensor& allowed);
 std::vector<at::Tensor> narrow_attention_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,

@@ -189,16 +189,6 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
   });
 }
 
-void check_narrow(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be 4-d");
-  TORCH_CHECK(q.is_cpu() && k.is_cpu() && v.is_cpu(), "q, k, v must be on the CPU");
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "q, k, v must share a dtype");
-  TORCH_CHECK(q.size(3) <= kLanes && v.size(3) <= kLanes, "narrow heads only: d_k, d_v <= ", kLanes);
-  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "q, k, v need unit stride in the last dimension");
-  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3), "k does not match q");
-  TORCH_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2), "v does not match k");
-}
-
 }  // namespace
 
 // q (B, h, T_q, d_k), k (B, h, T_k, d_k), v (B, h, T_k, d_v) with d_k, d_v <= 8, allowed bool broadcast to
@@ -206,10 +196,8 @@ void check_narrow(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
 // padded with zeros to a multiple of 8) for narrow_attention_backward.
 std::vector<at::Tensor> narrow_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                          const at::Tensor& allowed) {
-  check_narrow(q, k, v);
-  TORCH_CHECK(allowed.dim() == 4 && allowed.is_cpu() && allowed.scalar_type() == at::kBool &&
-              allowed.size(0) == q.size(0) && allowed.size(1) == q.size(1) && allowed.size(2) == q.size(2) &&
-              allowed.size(3) == k.size(2), "allowed must be bool (B, h, T_q, T_k) on the CPU");
+  check_heads(q, k, v, kLanes);
+  check_allowed(allowed, q, k);
   auto out = at::empty({q.size(0), q.size(2), q.size(1), v.size(3)}, q.options());
   auto probs = at::empty({q.size(0), q.size(1), q.size(2), padded(k.size(2))}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "narrow_attention", [&] { forward<scalar_t>(q, k, v, allowed, out, probs); });
@@ -220,7 +208,7 @@ std::vector<at::Tensor> narrow_attention(const at::Tensor& q, const at::Tensor& 
 // the probabilities it kept; each in the (B, T, h, width) layout (the heads' view of a linear map's output).
 std::vector<at::Tensor> narrow_attention_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                                   const at::Tensor& v, const at::Tensor& probs) {
-  check_narrow(q, k, v);
+  check_heads(q, k, v, kLanes);
   TORCH_CHECK(dout.is_contiguous() && dout.scalar_type() == q.scalar_type() &&
               dout.sizes() == at::IntArrayRef({q.size(0), q.size(2), q.size(1), v.size(3)}),
               "dout must be contiguous (B, T_q, h, d_v)");
