@@ -13,7 +13,7 @@ import torch
 
 from ablations import attention_data
 from ablations import runs as R
-from ablations.budgets import BUDGETS, Budget, budget, row_config, select_rows
+from ablations.budgets import BUDGETS, INIT_RULES, Budget, budget, row_config, select_rows
 from ablations.data import ENV_VAR, PRESETS, DataError, data_dir
 from ablations.distributed import check_accumulation, from_environment, main_first, setup, teardown
 from ablations.grid import Grid, prepare_data, run_grid
@@ -67,6 +67,12 @@ def budget_from(args: argparse.Namespace) -> Budget:
         b = b.replace(warmup=args.warmup)
     if getattr(args, "dev_pairs", None) is not None:
         b = b.replace(dev_pairs=args.dev_pairs)
+    if getattr(args, "lr_peak", None) is not None:
+        if not 0 < args.lr_peak < 1:
+            raise ValueError(f"--lr-peak {args.lr_peak}: give a learning rate between 0 and 1, such as 1e-3")
+        b = b.replace(lr_peak=args.lr_peak)
+    if getattr(args, "init", None) is not None:
+        b = b.replace(init=args.init)
     return b
 
 
@@ -255,6 +261,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--device", default="auto", action="once", help="auto, cpu, cuda, cuda:N (default auto)")
     run.add_argument("--steps", type=int, action="once", help="override the budget's optimizer steps per row (1 or more)")
     run.add_argument("--warmup", type=int, action="once", help="override the budget's warmup_steps of the learning-rate schedule")
+    run.add_argument("--lr-peak", type=float, action="once",
+                     help="override the budget's peak learning rate (base's width; wider rows get less, as eq. (3))")
+    run.add_argument("--init", choices=INIT_RULES, action="once",
+                     help="override the budget's init rule: xavier (own width), paper-width, normal (N(0, 0.02))")
     run.add_argument("--dev-pairs", type=int, action="once", help="score only the first N dev pairs (a quick look; changes the run's hash)")
     run.add_argument("--accumulation", type=int, action="once", help="micro-batches per step (same tokens per step, less memory)")
     run.add_argument("--max-attempts", type=int, default=3, action="once", help="failed runs are retried until this many attempts")

@@ -21,7 +21,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -50,7 +49,7 @@ from model import Parts, Transformer, TransformerConfig, count_parameters, kerne
 from model.attention import KVCache, attend_with_torch_ops, explicit_attention
 from model.batch import Batch
 from model.objective import label_smoothed_loss_by_torch_ops
-from model.provenance import git_commit
+from model.provenance import cpu_name, git_commit
 from model.registry import ModelSpec, parse_config_overrides
 
 SCALE = 8  # the CPU budget's sizes
@@ -266,9 +265,7 @@ def output_path(option: str) -> Path:
 
 
 def machine() -> dict:
-    name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    return {"cpu": name, "cores": os.cpu_count(), "torch": torch.__version__, "commit": git_commit(),
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__, "commit": git_commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 

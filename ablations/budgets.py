@@ -12,6 +12,9 @@ from model.config import TransformerConfig
 from model.table3 import Table3Row, table3_rows
 
 SCALED_FIELDS = ("d_model", "d_ff", "d_k", "d_v")  # divided by Budget.scale; h and N are kept
+# How a row's weights start (model/init.py): Xavier at the row's own width, Xavier with the stds of the row at the
+# paper's width (a scaled row started as its full-size counterpart), or N(0, 0.02) at every width.
+INIT_RULES = ("xavier", "paper-width", "normal")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,11 @@ class Budget:
     eval_every: int  # dev perplexity logged into metrics.jsonl
     checkpoint_every: int
     compile: bool  # torch.compile on a GPU (never on CPU)
+    init: str = "xavier"  # one of INIT_RULES
+
+    def __post_init__(self) -> None:
+        if self.init not in INIT_RULES:
+            raise ValueError(f"init rule {self.init!r}: give one of {', '.join(INIT_RULES)}")
 
     @property
     def scaled(self) -> bool:
@@ -76,7 +84,8 @@ def budget(name: str) -> Budget:
 
 
 def row_config(row: Table3Row, b: Budget, vocab_size: int) -> TransformerConfig:
-    """The row's config (base + the row's changes), sizes divided by the budget's scale, the BPE's vocabulary."""
+    """The row's config (base + the row's changes), sizes divided by the budget's scale, the BPE's vocabulary, and
+    the budget's init rule."""
     cfg = row.config()
     scaled = {}
     for name in SCALED_FIELDS:
@@ -84,7 +93,9 @@ def row_config(row: Table3Row, b: Budget, vocab_size: int) -> TransformerConfig:
         if value % b.scale:
             raise ValueError(f"row {row.name}: {name}={value} is not divisible by the {b.name} budget's scale {b.scale}")
         scaled[name] = value // b.scale
-    return cfg.replace(**scaled, vocab_size=vocab_size)
+    init_width = cfg.d_model if b.init == "paper-width" and b.scaled else 0
+    return cfg.replace(**scaled, vocab_size=vocab_size, init="normal" if b.init == "normal" else "xavier",
+                       init_width=init_width)
 
 
 def row_steps(row: Table3Row, b: Budget) -> int:

@@ -1,7 +1,10 @@
 """Where a result came from: the commit of the code that produced it, recorded in every report and run."""
 from __future__ import annotations
 
+import os
+import platform
 import subprocess
+from pathlib import Path
 
 CODE = (":/model", ":/invariants", ":/ablations")  # the code that makes the numbers; reports/ only renders them
 
@@ -17,3 +20,16 @@ def git_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head.stdout.strip() + ("+dirty" if dirty.returncode == 1 else "")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    info = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
+             if line.startswith("model name")] if info.exists() else []
+    return names[0] if names else platform.processor()
+
+
+def machine_line() -> str:
+    """'<cpu> (<n> cores)': the machine a result was measured on, for a report's header."""
+    return f"{cpu_name()} ({os.cpu_count()} cores)"

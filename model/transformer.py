@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from model.attention import Attend, AttentionRecord, KVCache, MultiHeadAttention, attend
 from model.config import TransformerConfig
+from model.init import initialise
 from model.layers import (
     DecoderLayer,
     DropoutFactory,
@@ -75,14 +76,14 @@ class Transformer(nn.Module):
             self.generator.weight = self.src_embed.weight
 
     def _init_weights(self) -> None:
-        """Xavier-uniform matrices, zero biases; embeddings N(0, d_model^-1) so that sqrt(d_model)-scaled ones have unit size."""
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding) and module is not getattr(self.pe, "learned", None):
-                nn.init.normal_(module.weight, std=self.config.d_model**-0.5)
+        """Matrices and token embeddings by config.init (model/init.py), zero biases; a learned PE keeps N(0, 1)."""
+        tokens = [self.src_embed.weight, self.tgt_embed.weight]
+        linears = [m for m in self.modules() if isinstance(m, nn.Linear)]
+        weights = [m.weight for m in self.modules() if isinstance(m, nn.Linear) or m in (self.src_embed, self.tgt_embed)]
+        initialise(list({id(w): w for w in weights}.values()), tokens, self.config)
+        for m in linears:
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
 
     # -- the forward computation ---------------------------------------------------------------
     def embed(self, ids: Tensor) -> Tensor:

@@ -26,6 +26,7 @@ from transformers.models.marian.modeling_marian import MarianSinusoidalPositiona
 
 from model.attention import AttentionRecord, KVCache  # noqa: E402
 from model.config import TransformerConfig  # noqa: E402
+from model.init import initialise  # noqa: E402
 from model.layers import temporarily  # noqa: E402
 from model.objective import label_smoothed_loss  # noqa: E402
 from model.registry import register_model  # noqa: E402
@@ -189,7 +190,11 @@ def hf_config(family: str, cfg: TransformerConfig, base: dict | None = None):
 def random_model(family: str, cfg: TransformerConfig, base: dict | None = None) -> HFSeq2Seq:
     """A randomly initialised model of the family at cfg; reports its positions honestly (BART's are learned)."""
     hf = FAMILIES[family][1](hf_config(family, cfg, base))
-    return HFSeq2Seq(hf, cfg.replace(pe="learned") if family == "bart" else cfg)
+    model = HFSeq2Seq(hf, cfg.replace(pe="learned") if family == "bart" else cfg)
+    tokens = list({id(w): w for w in model.embedding_weights().values()}.values())
+    linears = [m.weight for m in hf.modules() if isinstance(m, nn.Linear)]
+    initialise([*tokens, *linears], tokens, cfg)  # by the config's rule, as the reference (init='normal' is HF's own)
+    return model
 
 
 @register_model("hf-marian", "HuggingFace MarianMT, random init at the config")

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from model.attention import AttentionRecord, KVCache
 from model.config import TransformerConfig
+from model.init import initialise
 from model.layers import PositionalEncoding, embedding_scale
 from model.objective import label_smoothed_loss
 from model.registry import register_model
@@ -32,13 +33,15 @@ class TorchTransformer(nn.Module):
         if cfg.pe == "none":
             self.unsupported["positional_table"] = "pe='none'"
         self.embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        nn.init.normal_(self.embedding.weight, std=cfg.d_model**-0.5)
         self.pe = PositionalEncoding(cfg)
         self.dropout = nn.Dropout(cfg.P_drop)
         self.core = nn.Transformer(
             d_model=cfg.d_model, nhead=cfg.h, num_encoder_layers=cfg.N, num_decoder_layers=cfg.N,
             dim_feedforward=cfg.d_ff, dropout=cfg.P_drop, batch_first=True, norm_first=False,
         )
+        # torch draws its matrices by the 'xavier' rule already; drawn again so that init and init_width apply.
+        matrices = [p for p in self.core.parameters() if p.dim() > 1]
+        initialise([self.embedding.weight, *matrices], [self.embedding.weight], cfg)
 
     def embed(self, ids: Tensor) -> Tensor:
         return self.embedding(ids) * embedding_scale(self.config.d_model)
