@@ -1,16 +1,22 @@
-"""`python -m ablations.compare`: train Table 3 rows with several model specs and init rules on the same batches.
+"""`python -m ablations.compare`: train Table 3 rows with several model specs, init rules and schedules on the same batches.
 
-A cross-check of training itself: every entry (a spec, optionally @ an init rule) trains through the grid runner, with
-the same data, batches, seed and schedule, so that two correct implementations of one row should trace the same
-dev-PPL curve. Writes a table of dev PPL by step (and BLEU at the end) and one figure of the curves.
+A cross-check of training itself: every entry (a spec @ an init rule, under one learning-rate schedule) trains through
+the grid runner with the same data, batches and seed, so that two correct implementations of one row should trace the
+same dev-PPL curve, and a pilot over schedules sees every row under each. Writes a table of dev PPL by step (BLEU at the
+end, and which runs ended on the unigram plateau or collapsed) and one figure of the curves.
 
     python -m ablations.compare --rows base,C1,C3 --steps 1000 \\
         --models reference@xavier reference@paper-width reference@normal hf-marian@normal torch-nn@xavier
+    python -m ablations.compare --rows base,C1,C3,C5,D2,B1,E1,big --models reference@normal \\
+        --schedules 3e-3/500 1e-3/500 --steps 2000 --out reports/compare/pilot
 """
 from __future__ import annotations
 
 import argparse
+import datetime
+import math
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,19 +38,36 @@ from ablations.stopping import Stopped, graceful_stops  # noqa: E402
 from model.provenance import git_commit, machine_line  # noqa: E402
 from model.registry import ModelSpec, parse_spec  # noqa: E402
 
+COLUMNS = ["model", "row", "seed", "step", "dev_ppl", "bleu", "status", "run"]
 DEFAULT_MODELS = ("reference@xavier", "reference@paper-width", "reference@normal", "hf-marian@normal", "torch-nn@xavier")
 
 
 @dataclass(frozen=True)
+class Schedule:
+    """A learning-rate schedule of eq. (3)'s shape: its peak (for base's width) and its warmup steps."""
+
+    lr_peak: float
+    warmup: int
+
+    def __str__(self) -> str:
+        return f"{self.lr_peak:g}/{self.warmup}"
+
+
+@dataclass(frozen=True)
 class Entry:
-    """One line of the comparison: a model spec trained under one init rule."""
+    """One line of the comparison: a model spec trained under one init rule and one schedule (None: the budget's)."""
 
     spec: ModelSpec
     init: str
+    schedule: Schedule | None = None
 
     @property
     def label(self) -> str:
-        return f"{self.spec}@{self.init}"
+        return f"{self.spec}@{self.init}" + (f" lr {self.schedule}" if self.schedule else "")
+
+    def budget(self, b: Budget) -> Budget:
+        b = b.replace(init=self.init)
+        return b.replace(lr_peak=self.schedule.lr_peak, warmup=self.schedule.warmup) if self.schedule else b
 
 
 def parse_entry(text: str, default_init: str) -> Entry:
@@ -54,6 +77,35 @@ def parse_entry(text: str, default_init: str) -> Entry:
     if rule not in INIT_RULES:
         raise ValueError(f"--models {text!r}: init rule {rule!r} is not one of {', '.join(INIT_RULES)}")
     return Entry(parse_spec(head), rule)
+
+
+def parse_schedule(text: str) -> Schedule:
+    """'PEAK/WARMUP' such as '1e-3/500'; anything else is a one-line ValueError."""
+    peak, slash, warmup = text.partition("/")
+    try:
+        schedule = Schedule(float(peak), int(warmup))
+    except ValueError:
+        schedule = None
+    if not slash or schedule is None or not 0 < schedule.lr_peak < 1 or schedule.warmup < 1:
+        raise ValueError(f"--schedules {text!r}: give PEAK/WARMUP such as 1e-3/500 (a peak in (0, 1), warmup steps >= 1)")
+    return schedule
+
+
+def unigram_perplexity(data: PreparedData) -> float:
+    """Dev PPL of predicting every target token by its training frequency (add-one): the plateau a model sits on
+    before it uses the source or the context."""
+    counts = Counter(token for sentence in data.train_tgt for token in sentence)
+    vocab = data.sp.get_piece_size()
+    total = sum(counts.values()) + vocab
+    dev = [token for sentence in data.dev_tgt for token in sentence]
+    return math.exp(-sum(math.log((counts[t] + 1) / total) for t in dev) / len(dev))
+
+
+def verdict(final_ppl: float | None, plateau: float, vocab: int) -> str:
+    """'collapsed' above the uniform PPL (the vocabulary size), 'plateau' within 2x of the unigram PPL, else 'learns'."""
+    if final_ppl is None or not math.isfinite(final_ppl) or final_ppl > vocab:
+        return "collapsed"
+    return "plateau" if final_ppl > plateau / 2 else "learns"
 
 
 def curves(entries: list[Entry], grids: list[Grid], data: PreparedData) -> pd.DataFrame:
@@ -69,18 +121,21 @@ def curves(entries: list[Entry], grids: list[Grid], data: PreparedData) -> pd.Da
                         lines.append({"model": entry.label, "row": row.name, "seed": seed, "step": record["step"],
                                       "dev_ppl": record["dev_ppl"], "bleu": final.get("bleu"),
                                       "status": final.get("status", "unfinished"), "run": directory.name})
-    return pd.DataFrame(lines, columns=["model", "row", "seed", "step", "dev_ppl", "bleu", "status", "run"])
+    return pd.DataFrame(lines, columns=COLUMNS)
 
 
-def table(found: pd.DataFrame) -> str:
-    """Markdown: per row and model, dev PPL at each evaluated step (mean over seeds) and the final BLEU."""
+def table(found: pd.DataFrame, plateau: float, vocab: int) -> str:
+    """Markdown: per row and model, dev PPL at each evaluated step (mean over seeds), the final BLEU, and how many
+    finished seeds ended on the plateau or collapsed."""
     if found.empty:
         return "(no run has been evaluated yet)\n"
     ppl = found.pivot_table(index=["row", "model"], columns="step", values="dev_ppl", aggfunc="mean", sort=False)
     ppl.columns = [f"PPL@{c}" for c in ppl.columns]
-    ended = found[found["status"] == "finished"]
-    bleu = ended.groupby(["row", "model"], sort=False)["bleu"].mean().rename("BLEU (end)")
-    shown = ppl.join(bleu).reset_index()
+    ended = found[found["status"] == "finished"].sort_values("step").groupby(["row", "model", "seed"], sort=False).last()
+    ended = ended.assign(verdict=[verdict(p, plateau, vocab) for p in ended["dev_ppl"]]).groupby(["row", "model"], sort=False)
+    summary = pd.DataFrame({"BLEU (end)": ended["bleu"].mean(),
+                            "ended": ended["verdict"].agg(lambda v: ", ".join(f"{n} {k}" for k, n in v.value_counts().items()))})
+    shown = ppl.join(summary).reset_index()
     return shown.to_markdown(index=False, floatfmt=".3g") + "\n"
 
 
@@ -100,26 +155,33 @@ def figure(found: pd.DataFrame, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def write_report(found: pd.DataFrame, out: Path, budget: Budget, command: str, data: PreparedData) -> None:
-    title = (f"budget {budget.name}, {budget.steps} steps, peak lr {budget.lr_peak}, warmup {budget.warmup}, "
-             f"{budget.batch_tokens}-token batches; {data.preset}, {len(data.dev_src)} dev pairs")
+def write_report(found: pd.DataFrame, out: Path, budget: Budget, command: str, data: PreparedData, schedules: bool) -> None:
+    schedule = "schedules (peak lr/warmup) as labelled" if schedules else (
+        f"peak lr {budget.lr_peak:g}, warmup {budget.warmup}" if budget.lr_peak else f"eq. (3)'s rate, warmup {budget.warmup}")
+    title = (f"budget {budget.name}, {budget.steps} steps, {schedule}, {budget.batch_tokens}-token batches; "
+             f"{data.preset}, {len(data.dev_src)} dev pairs")
+    plateau, vocab = unigram_perplexity(data), data.sp.get_piece_size()
     figure(found, out.with_suffix(".png"), title)
     R.write_atomic(out.with_suffix(".csv"), found.to_csv(index=False))
+    date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     R.write_atomic(out.with_suffix(".md"), f"# Training cross-check: {title}\n\n"
-                   f"Regenerate: `{command}` (commit {git_commit()}, {machine_line()}).\n\n"
-                   f"![dev PPL by step]({out.with_suffix('.png').name})\n\n{table(found)}")
+                   f"Regenerate: `{command}` (commit {git_commit()}, {date}, {machine_line()}, one thread per process).\n\n"
+                   f"![dev PPL by step]({out.with_suffix('.png').name})\n\n{table(found, plateau, vocab)}\n"
+                   f"`ended`: a finished run's last dev PPL (eval mode) above the vocabulary size ({vocab}, uniform) is "
+                   f"*collapsed*; above half the unigram PPL ({plateau:.0f}: every target token predicted by its training "
+                   f"frequency) it is on the *plateau*; below, it *learns*.\n")
 
 
 def parser() -> argparse.ArgumentParser:
     p = cli.OneLineParser(prog="python -m ablations.compare", description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS),
                    help=f"SPEC[@RULE] entries, RULE one of {', '.join(INIT_RULES)} (default: {' '.join(DEFAULT_MODELS)})")
+    p.add_argument("--schedules", nargs="+", type=str, default=[],
+                   help="PEAK/WARMUP schedules, each with every model, such as 3e-3/500 1e-3/500 (default: the budget's)")
     p.add_argument("--rows", default="base,C1,C3", help="Table 3 rows (default base,C1,C3)")
     p.add_argument("--budget", default="cpu", choices=list(cli.BUDGETS), help="budget (default cpu)")
     p.add_argument("--seeds", default="1", help="seed numbers: 1 or 1-3 (default 1)")
     p.add_argument("--steps", type=int, help="override the budget's steps")
-    p.add_argument("--warmup", type=int, help="override the budget's warmup")
-    p.add_argument("--lr-peak", type=float, help="override the budget's peak learning rate")
     p.add_argument("--dev-pairs", type=int, help="score only the first N dev pairs")
     p.add_argument("--data", help="data folder (default $AIAYN_DATA or ../shared/data)")
     p.add_argument("--runs", default="runs/compare", help="runs root (default runs/compare)")
@@ -135,16 +197,18 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        cli.check_counts(("--steps", args.steps), ("--warmup", args.warmup), ("--dev-pairs", args.dev_pairs))
+        cli.check_counts(("--steps", args.steps), ("--dev-pairs", args.dev_pairs))
         budget = cli.budget_from(args)
-        entries = [parse_entry(text, budget.init) for text in args.models]
+        models = [parse_entry(text, budget.init) for text in args.models]
+        schedules = [parse_schedule(text) for text in args.schedules] or [None]
+        entries = [Entry(m.spec, m.init, schedule) for schedule in schedules for m in models]
         rows, seeds = select_rows(args.rows), cli.parse_seeds(args.seeds)
         runs = Path(args.runs)
         cli.check_runs_folder(runs)
         for entry in entries:
-            cli.check_model(entry.spec, budget.replace(init=entry.init), budget.preset)
+            cli.check_model(entry.spec, entry.budget(budget), budget.preset)
         torch.set_num_threads(1)  # the scaled rows train fastest on one thread a process (ablations/throughput.py)
-        grids = [Grid(budget.replace(init=e.init), rows, seeds, e.spec, runs, torch.device("cpu")) for e in entries]
+        grids = [Grid(e.budget(budget), rows, seeds, e.spec, runs, torch.device("cpu")) for e in entries]
         with graceful_stops():
             try:
                 data = prepare_data(budget, budget.preset, data_dir(args.data), runs)
@@ -156,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
                 return stop.exit_status
         command = "python -m ablations.compare " + " ".join(a for a in argv if a != "--report-only")
-        write_report(curves(entries, grids, data), Path(args.out), budget, command, data)
+        write_report(curves(entries, grids, data), Path(args.out), budget, command, data, bool(args.schedules))
     except (cli.DataError, cli.SpecError, ValueError, R.StorageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
