@@ -116,3 +116,11 @@ def test_a_schedule_is_a_peak_and_a_warmup_and_anything_else_is_refused():
                                            (float("nan"), "collapsed"), (None, "collapsed")])
 def test_a_run_is_judged_by_its_last_dev_perplexity_against_the_unigram_and_uniform_ones(ppl, expected):
     assert compare.verdict(ppl, plateau=400.0, vocab=2000) == expected
+
+
+def test_torch_nn_draws_each_block_of_its_fused_query_key_value_weight_as_the_square_map_it_is():
+    torch.manual_seed(0)
+    model = load_model(f"torch-nn,{SMALL}")
+    fused = model.core.encoder.layers[0].self_attn.in_proj_weight
+    for block in fused.detach().view(3, 64, 64):
+        assert block.std().item() == pytest.approx(math.sqrt(2 / (64 + 64)), rel=0.05)

@@ -39,9 +39,19 @@ class TorchTransformer(nn.Module):
             d_model=cfg.d_model, nhead=cfg.h, num_encoder_layers=cfg.N, num_decoder_layers=cfg.N,
             dim_feedforward=cfg.d_ff, dropout=cfg.P_drop, batch_first=True, norm_first=False,
         )
-        # torch draws its matrices by the 'xavier' rule already; drawn again so that init and init_width apply.
-        matrices = [p for p in self.core.parameters() if p.dim() > 1]
-        initialise([self.embedding.weight, *matrices], [self.embedding.weight], cfg)
+        initialise([self.embedding.weight, *self._matrices()], [self.embedding.weight], cfg)
+
+    def _matrices(self) -> list[Tensor]:
+        """Every linear map's weight, drawn by the config's rule: torch fuses the query, key and value maps into one
+        in_proj_weight (3 d_model x d_model), whose three blocks are drawn each as the d_model x d_model map it is."""
+        matrices = []
+        for m in self.core.modules():
+            if isinstance(m, nn.MultiheadAttention):
+                with torch.no_grad():
+                    matrices += list(m.in_proj_weight.view(3, m.embed_dim, m.embed_dim).unbind(0))
+            elif isinstance(m, nn.Linear):
+                matrices.append(m.weight)
+        return matrices
 
     def embed(self, ids: Tensor) -> Tensor:
         return self.embedding(ids) * embedding_scale(self.config.d_model)
