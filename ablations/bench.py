@@ -1,19 +1,9 @@
-"""`nox -s bench`: the training step and beam search of the reference beside real peers, at the base size and at the
-CPU budget's scaled size (d_model, d_ff, d_k, d_v / 8), in one run with interleaved repetitions.
+"""`nox -s bench`: the training step and beam search of the reference beside real peers (torch.nn.Transformer, HF
+MarianMT, CTranslate2), at the base size and at the cpu budget's scaled size, in one run.
 
-Training: the reference; the reference with each of its speed choices undone (attention through torch ops instead of
-the narrow-head kernel (model/kernel.py), torch's fused attention kernel everywhere, the loss by torch ops
-instead of its kernel, torch's cross-entropy, Adam's per-parameter loop or its multi-tensor (foreach) form instead of the fused kernel,
-torch's default thread count, and all of them at once), which gives each choice's before/after ratio in the same run; the torch.nn.Transformer adapter; HF MarianMT at the same
-dims (pip install .[bench]). Every variant takes the same batches; a repetition runs one step of every variant in
-turn and medians are reported, so a change in the machine's load hits every variant alike. A GEMM calibration in
-each repetition turns a step's model FLOP rate into a fraction of what this machine's matrix multiply does.
-Decoding: beam 4 over the same sources, every system forced to the same output length: the reference, the reference
-with its attention through torch ops instead of the fused few-query kernel (model/kernel.py), with the cache's moved
-rows rewritten by torch ops instead of that kernel's one copy, with cross-attention keys and values copied per beam,
-or kept strided, or with every cached row copied at each step (as before), HF `generate`, CTranslate2 fp32.
-Times are wall-clock, or with `--clock cpu` this process's CPU time (for a machine that other work keeps busy).
-Writes reports/bench.md and reports/bench.json.
+Each of the reference's speed choices is also undone in turn (the UNDONE variants), so that every choice's
+before/after ratio comes from the same run; repetitions are interleaved across systems, so that the machine's load
+hits them alike. docs/benchmark.md says what is measured and how. Writes reports/bench.md and reports/bench.json.
 """
 from __future__ import annotations
 
@@ -33,26 +23,25 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ablations import peers
-from ablations.__main__ import check_counts
 from ablations.batching import BatchStream
 from ablations.bpe import EOS, PAD
-from ablations.budgets import SCALED_FIELDS, budget
+from ablations.budgets import ADAM_BETAS, ADAM_EPS, budget, scale
 from ablations.data import data_dir
 from ablations.decoding import beam_search
 from ablations.grid import prepare_data
-from ablations.runs import write_atomic
+from ablations.options import check_counts, failed
 from ablations.stopping import stops_cleanly
 from ablations.throughput import choose_threads, gemm_flops, throughput
-from ablations.train import ADAM_BETAS, ADAM_EPS, make_optimizer, train_step
+from ablations.train import make_optimizer, train_step
 from invariants.report import writable_folder
 from model import Parts, Transformer, TransformerConfig, count_parameters, kernel, load_model
 from model.attention import KVCache, attend_with_torch_ops, explicit_attention
 from model.batch import Batch
+from model.files import write_atomic
 from model.objective import label_smoothed_loss_by_torch_ops
 from model.provenance import cpu_name, git_commit
 from model.registry import ModelSpec, parse_config_overrides
 
-SCALE = 8  # the CPU budget's sizes
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
@@ -99,7 +88,8 @@ VARIANTS = [
 
 
 def scaled(cfg: TransformerConfig, vocab: int) -> TransformerConfig:
-    return cfg.replace(**{f: getattr(cfg, f) // SCALE for f in SCALED_FIELDS}, vocab_size=vocab)
+    """cfg at the cpu budget's sizes (every size / 8) with a vocabulary of `vocab`."""
+    return scale(cfg, budget("cpu"), vocab, "--config")
 
 
 def alternate(items, repetition: int) -> list:
@@ -370,8 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         sources = {size: fixed_length_sources(data.dev_src, args.decode_sentences or (8 if size == "base" else 32), args.decode_length)
                    for size in chosen}
     except ValueError as exc:  # a bad flag value, DataError, a bad --config or --sizes
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return failed(exc)
     built = kernel.compiled() is not None  # built now (on first use), so that no timed search includes the build
     meta = {**machine(), "attention_kernel": "in use" if built else f"not built (torch ops; see stderr, or {kernel.SWITCH})",
             "load_before": os.getloadavg()[0], "clock": args.clock, "preset": args.preset, "vocab": args.vocab,

@@ -16,7 +16,7 @@ import sentencepiece as spm
 from tqdm.auto import tqdm
 
 from ablations.data import DataError, Pairs
-from ablations.runs import StorageError, write_atomic
+from model.files import StorageError, write_atomic
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
@@ -32,6 +32,11 @@ def bpe_key(train: Pairs, vocab_size: int) -> str:
     return h.hexdigest()[:16]
 
 
+def bpe_file(vocab_size: int, key: str) -> str:
+    """The BPE model's file name in the cache: bpe-<vocab>-<key>.model (key: bpe_key, recorded in a run's config.json)."""
+    return f"bpe-{vocab_size}-{key}.model"
+
+
 def _options(vocab_size: int) -> dict[str, object]:
     return dict(
         model_type="bpe", vocab_size=vocab_size, character_coverage=1.0, normalization_rule_name="identity",
@@ -44,7 +49,7 @@ def shared_bpe(train: Pairs, vocab_size: int, cache_dir: Path) -> spm.SentencePi
     """Train (or load from the cache) one BPE model on the English and German training sentences together.
 
     Processes started side by side wait for the one that trains it (a lock beside the cached file) and load it."""
-    path = cache_dir / f"bpe-{vocab_size}-{bpe_key(train, vocab_size)}.model"
+    path = cache_dir / bpe_file(vocab_size, bpe_key(train, vocab_size))
     if not path.is_file():
         try:
             cache_dir.mkdir(parents=True, exist_ok=True)

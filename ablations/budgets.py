@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+
+import torch
 
 from model.config import TransformerConfig
 from model.table3 import Table3Row, table3_rows
@@ -50,9 +52,8 @@ class Budget:
 
 
 BUDGETS: dict[str, Budget] = {
-    # Every size / 8, two dozen steps on 4000 Multi30k pairs: the whole grid runs on 2 CPU cores in CI. Far too
-    # little training to translate (BLEU ~0); it shows that every row trains, scores and records. Warmup = steps keeps
-    # the paper's rate d_model^-0.5 * min(...) below 0.03 at d_model=64 (4% of the steps would start at 0.125).
+    # The whole grid on 2 CPU cores in CI: every row trains, scores and records; far too little to translate.
+    # Warmup = steps keeps eq. (3)'s rate low at d_model 64 (docs/ablations.md, "Budgets").
     "smoke": Budget("smoke", scale=8, steps=24, warmup=24, lr_peak=None, batch_tokens=400, accumulation=1, preset="multi30k",
                     vocab_size=1000, max_train_pairs=4000, dev_pairs=100, max_sentence_tokens=64,
                     log_every=4, eval_every=12, checkpoint_every=8, compile=False),
@@ -69,9 +70,8 @@ BUDGETS: dict[str, Budget] = {
     "cpu-xavier": Budget("cpu-xavier", scale=8, steps=4000, warmup=500, lr_peak=3e-3, batch_tokens=1500, accumulation=1,
                          preset="multi30k", vocab_size=2000, max_train_pairs=None, dev_pairs=None, max_sentence_tokens=100,
                          log_every=50, eval_every=250, checkpoint_every=250, compile=False, init="xavier"),
-    # Real sizes on one GPU, 1% of the paper's base steps for every row (big included): a first look. Warmup = steps:
-    # the rate peaks at the last step at 1.4e-3 for d_model=512, twice the paper's peak (7e-4) for half its batch; a
-    # shorter warmup peaks higher, and smoke-sized models given 13x their paper-equivalent peak stall at unigram level.
+    # Real sizes on one GPU, 1% of the paper's base steps for every row (big included): a first look. Warmup = steps,
+    # so that the rate peaks at the last step (docs/ablations.md, "Budgets").
     "short": Budget("short", scale=1, steps=1000, warmup=1000, lr_peak=None, batch_tokens=12000, accumulation=1, preset="news",
                     vocab_size=None, max_train_pairs=None, dev_pairs=None, max_sentence_tokens=128,
                     log_every=25, eval_every=250, checkpoint_every=250, compile=True),
@@ -88,19 +88,25 @@ def budget(name: str) -> Budget:
     return BUDGETS[name]
 
 
-def row_config(row: Table3Row, b: Budget, vocab_size: int) -> TransformerConfig:
-    """The row's config (base + the row's changes), sizes divided by the budget's scale, the BPE's vocabulary, and
-    the budget's init rule."""
-    cfg = row.config()
+def scale(cfg: TransformerConfig, b: Budget, vocab_size: int, what: str) -> TransformerConfig:
+    """cfg with its sizes divided by the budget's scale and the BPE's vocabulary; `what` names cfg in the one-line
+    ValueError for a size that does not divide."""
     scaled = {}
     for name in SCALED_FIELDS:
         value = getattr(cfg, name)
         if value % b.scale:
-            raise ValueError(f"row {row.name}: {name}={value} is not divisible by the {b.name} budget's scale {b.scale}")
+            raise ValueError(f"{what}: {name}={value} is not divisible by the {b.name} budget's scale {b.scale}")
         scaled[name] = value // b.scale
+    return cfg.replace(**scaled, vocab_size=vocab_size)
+
+
+def row_config(row: Table3Row, b: Budget, vocab_size: int) -> TransformerConfig:
+    """The row's config (base + the row's changes), sizes divided by the budget's scale, the BPE's vocabulary, and
+    the budget's init rule."""
+    cfg = row.config()
     init_width = cfg.d_model if b.init == "paper-width" and b.scaled else 0
-    return cfg.replace(**scaled, vocab_size=vocab_size, init="normal" if b.init == "normal" else "xavier",
-                       init_width=init_width)
+    return scale(cfg, b, vocab_size, f"row {row.name}").replace(init="normal" if b.init == "normal" else "xavier",
+                                                                 init_width=init_width)
 
 
 def row_steps(row: Table3Row, b: Budget) -> int:
@@ -113,6 +119,53 @@ def row_lr_peak(row: Table3Row, b: Budget) -> float | None:
     if b.lr_peak is None:
         return None
     return b.lr_peak * math.sqrt(TransformerConfig().d_model / row.config().d_model)
+
+
+ADAM_BETAS, ADAM_EPS = (0.9, 0.98), 1e-9  # the paper's Adam (section 5.3)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Everything about a run's training and scoring that is not the model config (written to config.json)."""
+
+    steps: int
+    warmup: int
+    batch_tokens: int  # source (and target) positions per optimizer step
+    accumulation: int  # micro-batches per step
+    max_sentence_tokens: int
+    log_every: int
+    eval_every: int
+    checkpoint_every: int
+    precision: str  # 'fp32' or 'bf16' (autocast; GPU only)
+    compile: bool  # torch.compile (GPU only)
+    beam: int = 4
+    alpha: float = 0.6
+    extra_len: int = 50  # maximum output length = source length + extra_len
+    adam_betas: tuple[float, float] = ADAM_BETAS
+    adam_eps: float = ADAM_EPS
+    lr_peak: float | None = None  # None: eq. (3)'s peak d_model^-0.5 * warmup^-0.5
+
+    @property
+    def micro_tokens(self) -> int:
+        return max(1, self.batch_tokens // self.accumulation)
+
+    @property
+    def autocast(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.precision == "bf16" else None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: int | None = None) -> TrainSettings:
+    """The row's training and scoring settings under the budget: bf16 and compilation on a GPU only."""
+    gpu = device.type == "cuda"
+    return TrainSettings(
+        steps=row_steps(row, b), warmup=b.warmup, lr_peak=row_lr_peak(row, b), batch_tokens=b.batch_tokens,
+        accumulation=accumulation or b.accumulation, max_sentence_tokens=b.max_sentence_tokens, log_every=b.log_every,
+        eval_every=b.eval_every, checkpoint_every=b.checkpoint_every, precision="bf16" if gpu else "fp32",
+        compile=b.compile and gpu,
+    )
 
 
 def select_rows(text: str) -> list[Table3Row]:

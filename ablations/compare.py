@@ -28,13 +28,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import ScalarFormatter  # noqa: E402
 
-import ablations.__main__ as cli  # noqa: E402
+from ablations import options  # noqa: E402
 from ablations import runs as R  # noqa: E402
-from ablations.budgets import INIT_RULES, Budget, select_rows  # noqa: E402
+from ablations.budgets import BUDGETS, INIT_RULES, Budget, select_rows  # noqa: E402
 from ablations.data import data_dir  # noqa: E402
-from ablations.grid import Grid, PreparedData, prepare_data, run_directory, run_grid  # noqa: E402
+from ablations.grid import Grid, PreparedData, plan_run, prepare_data, run_grid  # noqa: E402
 from ablations.stopping import Stopped, graceful_stops  # noqa: E402
+from model.files import write_atomic  # noqa: E402
 from model.provenance import git_commit, machine_line  # noqa: E402
 from model.registry import ModelSpec, parse_spec  # noqa: E402
 
@@ -114,9 +117,9 @@ def curves(entries: list[Entry], grids: list[Grid], data: PreparedData) -> pd.Da
     for entry, grid in zip(entries, grids):
         for row in grid.rows:
             for seed in grid.seeds:
-                directory = run_directory(grid, row, seed, data)
-                final = R.read_final(directory / R.FINAL) or {}
-                for record in R.read_metrics(directory / R.METRICS):
+                directory = plan_run(grid, row, seed, data).directory
+                final = R.read_final(directory) or {}
+                for record in R.read_metrics(directory):
                     if record.get("dev_ppl") is not None:
                         lines.append({"model": entry.label, "row": row.name, "seed": seed, "step": record["step"],
                                       "dev_ppl": record["dev_ppl"], "bleu": final.get("bleu"),
@@ -140,16 +143,19 @@ def table(found: pd.DataFrame, plateau: float, vocab: int) -> str:
 
 
 def figure(found: pd.DataFrame, path: Path, title: str) -> None:
-    """Dev PPL against step, one panel per row, one line per model (mean over seeds), log scale."""
-    rows = list(dict.fromkeys(found["row"]))
-    fig, axes = plt.subplots(1, max(len(rows), 1), figsize=(4.2 * max(len(rows), 1), 3.4), squeeze=False, sharey=True)
+    """Dev PPL against step, one panel per row, one line per model (mean over seeds) in one color everywhere, log scale."""
+    rows, models = list(dict.fromkeys(found["row"])), list(dict.fromkeys(found["model"]))
+    palette = dict(zip(models, sns.color_palette("tab10", len(models))))
+    fig, axes = plt.subplots(1, max(len(rows), 1), figsize=(3.6 * max(len(rows), 1), 3.4), squeeze=False, sharey=True)
     for ax, row in zip(axes[0], rows):
-        sns.lineplot(found[found["row"] == row], x="step", y="dev_ppl", hue="model", marker="o", ax=ax,
-                     legend=ax is axes[0][-1], errorbar=None)
+        sns.lineplot(found[found["row"] == row], x="step", y="dev_ppl", hue="model", hue_order=models, palette=palette,
+                     marker="o", ax=ax, legend=False, errorbar=None)
         ax.set(yscale="log", title=f"row {row}", ylabel="dev PPL", xlabel="step")
-    if rows:
-        axes[0][-1].legend(fontsize=7, loc="upper right")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+    handles = [Line2D([], [], color=palette[m], marker="o", label=m) for m in models]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(models), 4), fontsize=8, bbox_to_anchor=(0.5, -0.02 - 0.05 * (len(models) // 5)))
     fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.08 + 0.05 * (len(models) // 5), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -162,24 +168,24 @@ def write_report(found: pd.DataFrame, out: Path, budget: Budget, command: str, d
              f"{data.preset}, {len(data.dev_src)} dev pairs")
     plateau, vocab = unigram_perplexity(data), data.sp.get_piece_size()
     figure(found, out.with_suffix(".png"), title)
-    R.write_atomic(out.with_suffix(".csv"), found.to_csv(index=False))
+    write_atomic(out.with_suffix(".csv"), found.to_csv(index=False))
     date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
-    R.write_atomic(out.with_suffix(".md"), f"# Training cross-check: {title}\n\n"
-                   f"Regenerate: `{command}` (commit {git_commit()}, {date}, {machine_line()}, one thread per process).\n\n"
-                   f"![dev PPL by step]({out.with_suffix('.png').name})\n\n{table(found, plateau, vocab)}\n"
-                   f"`ended`: a finished run's last dev PPL (eval mode) above the vocabulary size ({vocab}, uniform) is "
-                   f"*collapsed*; above half the unigram PPL ({plateau:.0f}: every target token predicted by its training "
-                   f"frequency) it is on the *plateau*; below, it *learns*.\n")
+    write_atomic(out.with_suffix(".md"), f"# Training cross-check: {title}\n\n"
+                 f"Regenerate: `{command}` (commit {git_commit()}, {date}, {machine_line()}, one thread per process).\n\n"
+                 f"![dev PPL by step]({out.with_suffix('.png').name})\n\n{table(found, plateau, vocab)}\n"
+                 f"`ended`: a finished run's last dev PPL (eval mode) above the vocabulary size ({vocab}, uniform) is "
+                 f"*collapsed*; above half the unigram PPL ({plateau:.0f}: every target token predicted by its training "
+                 f"frequency) it is on the *plateau*; below, it *learns*.\n")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = cli.OneLineParser(prog="python -m ablations.compare", description=__doc__.split("\n")[0])
+    p = options.OneLineParser(prog="python -m ablations.compare", description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS),
                    help=f"SPEC[@RULE] entries, RULE one of {', '.join(INIT_RULES)} (default: {' '.join(DEFAULT_MODELS)})")
     p.add_argument("--schedules", nargs="+", type=str, default=[],
                    help="PEAK/WARMUP schedules, each with every model, such as 3e-3/500 1e-3/500 (default: the budget's)")
     p.add_argument("--rows", default="base,C1,C3", help="Table 3 rows (default base,C1,C3)")
-    p.add_argument("--budget", default="cpu", choices=list(cli.BUDGETS), help="budget (default cpu)")
+    p.add_argument("--budget", default="cpu", choices=list(BUDGETS), help="budget (default cpu)")
     p.add_argument("--seeds", default="1", help="seed numbers: 1 or 1-3 (default 1)")
     p.add_argument("--steps", type=int, help="override the budget's steps")
     p.add_argument("--dev-pairs", type=int, help="score only the first N dev pairs")
@@ -197,16 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        cli.check_counts(("--steps", args.steps), ("--dev-pairs", args.dev_pairs))
-        budget = cli.budget_from(args)
+        options.check_counts(("--steps", args.steps), ("--dev-pairs", args.dev_pairs))
+        budget = options.budget_with(args.budget, steps=args.steps, dev_pairs=args.dev_pairs)
         models = [parse_entry(text, budget.init) for text in args.models]
         schedules = [parse_schedule(text) for text in args.schedules] or [None]
         entries = [Entry(m.spec, m.init, schedule) for schedule in schedules for m in models]
-        rows, seeds = select_rows(args.rows), cli.parse_seeds(args.seeds)
+        rows, seeds = select_rows(args.rows), options.parse_seeds(args.seeds)
         runs = Path(args.runs)
-        cli.check_runs_folder(runs)
+        options.check_runs_folder(runs)
         for entry in entries:
-            cli.check_model(entry.spec, entry.budget(budget), budget.preset)
+            options.check_model(entry.spec, entry.budget(budget), budget.preset)
         torch.set_num_threads(1)  # the scaled rows train fastest on one thread a process (ablations/throughput.py)
         grids = [Grid(e.budget(budget), rows, seeds, e.spec, runs, torch.device("cpu")) for e in entries]
         with graceful_stops():
@@ -221,9 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                 return stop.exit_status
         command = "python -m ablations.compare " + " ".join(a for a in argv if a != "--report-only")
         write_report(curves(entries, grids, data), Path(args.out), budget, command, data, bool(args.schedules))
-    except (cli.DataError, cli.SpecError, ValueError, R.StorageError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except options.FORESEEN as exc:
+        return options.failed(exc)
     print(f"report -> {Path(args.out).with_suffix('.md')} and .png, .csv", file=sys.stderr)
     return 0
 

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import torch
 
-from ablations.__main__ import check_counts
-from ablations.attention_data import NoAttentionData, load_trained
+from ablations import runs as R
 from ablations.bpe import encode
 from ablations.budgets import budget
 from ablations.data import data_dir, preset_named, read_pairs
 from ablations.evaluate import perplexity
+from ablations.options import check_counts, failed
 from ablations.stopping import stops_cleanly
+from ablations.trained import load_trained
 
 
 @stops_cleanly("the rows above are the runs scored before the stop")
@@ -35,25 +36,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_counts(("--pairs", args.pairs))
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return failed(exc)
     torch.set_num_threads(1)
     dev_sets = {}  # preset -> its dev pairs, read once for every run trained on it
     print("| run | dev PPL, dropout off (as scored) | dev PPL, dropout on |\n|---|---|---|")
     for run in args.runs:
         try:
-            trained = load_trained(run, [run.resolve().parent.parent / "cache"])
+            trained = load_trained(R.recorded(run), [run.resolve().parent.parent / "cache"])
             config = trained.config
             if "budget" not in config or "preset" not in config:
-                raise ValueError(f"{run / 'config.json'} names no budget or preset: not a config.json the runner wrote")
+                raise ValueError(f"{run / R.CONFIG} names no budget or preset: not a {R.CONFIG} the runner wrote")
             preset = config["preset"]
             if preset not in dev_sets:
                 dev_sets[preset] = read_pairs(data_dir(args.data), preset_named(preset).dev, preset)
             recorded = config["data"]  # the run was scored on this many leading dev pairs (None: all of them)
             dev_pairs = recorded["dev_pairs"] if "dev_pairs" in recorded else budget(config["budget"]).dev_pairs
-        except (ValueError, NoAttentionData) as exc:  # DataError, an unknown budget, a missing BPE or weights
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        except ValueError as exc:  # DataError, an unknown budget, NoTrainedModel (a missing BPE or weights)
+            return failed(exc)
         pairs = dev_sets[preset].head(min(args.pairs, dev_pairs or args.pairs))
         (src, tgt), device = encode(trained.sp, pairs), torch.device("cpu")
         off = perplexity(trained.model, src, tgt, device)

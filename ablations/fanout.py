@@ -26,45 +26,42 @@ from tqdm.auto import tqdm
 
 import torch
 
-from ablations import runs as R
-from ablations.__main__ import budget_from, check_run_args, parse_seeds, resolve_device
-from ablations.__main__ import parser as runner_parser
-from ablations.budgets import select_rows
-from ablations.data import DataError, data_dir
-from ablations.grid import Grid, PreparedData, prepare_data, run_directory
+from ablations import options
+from ablations.grid import Grid, PreparedData, plan_run, prepare_data
 from ablations.jobs import Job
+from ablations.options import RunOptions
+from ablations.outcomes import summary as grid_summary
+from ablations.runs import read_final, status
 from ablations.stopping import Stopped, graceful_stops
-from model import SpecError, parse_spec
 
 NARROWED = ("--rows", "--seeds")  # the fan-out sets these itself, once per run
 
 
-def without(argv: list[str], options: tuple[str, ...]) -> list[str]:
-    """argv with every `--opt value` and `--opt=value` of the given options removed."""
+def without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """argv with every `--flag value` and `--flag=value` of the given flags removed."""
     kept, skip = [], False
     for arg in argv:
         if skip:
             skip = False
-        elif arg in options:
+        elif arg in flags:
             skip = True
-        elif not arg.startswith(tuple(f"{o}=" for o in options)):
+        elif not arg.startswith(tuple(f"{f}=" for f in flags)):
             kept.append(arg)
     return kept
 
 
-def split(run_argv: list[str]) -> tuple[argparse.Namespace, list[Job]]:
-    """The parsed `run` options and one job per (row, seed) they select, in the paper's order."""
-    args = runner_parser().parse_args(["run", *run_argv])
-    common = without(run_argv, NARROWED)
+def split(run_argv: list[str]) -> tuple[RunOptions, list[Job]]:
+    """The `run` options, parsed and checked, and one job per (row, seed) they select, in the paper's order."""
+    request = options.parse(run_argv)
+    common = without(list(request.argv), NARROWED)
     jobs = [Job(row.name, seed, ("run", *common, "--rows", row.name, "--seeds", str(seed)))
-            for row in select_rows(args.rows) for seed in parse_seeds(args.seeds)]
-    return args, jobs
+            for row in request.rows for seed in request.seeds]
+    return request, jobs
 
 
-def warm_cache(args: argparse.Namespace) -> PreparedData:
+def warm_cache(request: RunOptions) -> PreparedData:
     """Train the shared BPE once, here, so that the runs load it instead of racing to train it side by side."""
-    b = budget_from(args)
-    return prepare_data(b, args.preset or b.preset, data_dir(args.data), Path(args.runs))
+    return prepare_data(request.budget, request.preset, request.data, request.runs)
 
 
 def job_environment(slot: str | None, slots: int) -> dict[str, str]:
@@ -134,22 +131,20 @@ def run_local(jobs: list[Job], slots: list[str | None], log_dir: Path) -> dict[s
     return codes
 
 
-def summary(args: argparse.Namespace, jobs: list[Job], data: PreparedData, device: torch.device,
+def summary(request: RunOptions, jobs: list[Job], data: PreparedData, device: torch.device,
             codes: dict[str, int]) -> tuple[str, bool]:
     """The closing summary read from the runs folder (the one source of truth) and whether every run finished.
 
     `device` is the jobs' device type (it is part of a run's identity: bf16 and compilation on a GPU).
     """
-    rows = {row.name: row for row in select_rows(args.rows)}
-    grid = Grid(budget_from(args), list(rows.values()), parse_seeds(args.seeds), parse_spec(args.model), Path(args.runs), device,
-                args.accumulation, args.max_attempts)
-    directories = [run_directory(grid, rows[job.row], job.seed, data) for job in jobs]
-    text = R.summary(directories)
-    unrecorded = [job.name for job, d in zip(jobs, directories) if R.read_json(d / R.FINAL) is None]
+    grid, rows = Grid.of(request, device), {row.name: row for row in request.rows}
+    directories = [plan_run(grid, rows[job.row], job.seed, data).directory for job in jobs]
+    text = grid_summary(directories)
+    unrecorded = [job.name for job, d in zip(jobs, directories) if read_final(d) is None]
     if unrecorded:
         exits = ", ".join(f"{name} (exit status {codes.get(name)})" for name in unrecorded)
         text += f"\n{len(unrecorded)} run(s) left no result: {exits}; see their logs, then start the fan-out again"
-    return text, all(R.status(d) == "finished" for d in directories)
+    return text, all(status(d) == "finished" for d in directories)
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -175,12 +170,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--gpus {own.gpus!r}: give GPU indices such as 0,1,2,3")
         if own.workers is not None and own.workers < 1:
             raise ValueError(f"--workers {own.workers}: give at least 1")
-        args, jobs = split(run_argv)
-        check_run_args(args)
-        data = warm_cache(args)
-        log_dir = Path(args.runs) / "logs" / args.budget
+        request, jobs = split(run_argv)
+        data = warm_cache(request)
+        log_dir = request.runs / "logs" / request.budget.name
         # The jobs' device: a GPU on a SLURM node even when this login node has none.
-        device = torch.device("cuda") if own.slurm and args.device != "cpu" else resolve_device(args.device)
+        device = torch.device("cuda") if own.slurm and request.device_name != "cpu" else request.device
         if gpus or own.workers is not None:
             with graceful_stops():
                 codes = run_local(jobs, gpus or [None] * own.workers, log_dir)
@@ -193,13 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                            parallelism=own.array_parallelism, wait=not own.no_wait)
             if codes is None:
                 return 0
-        text, complete = summary(args, jobs, data, device, codes)
-    except (DataError, SpecError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except R.StorageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        text, complete = summary(request, jobs, data, device, codes)
+    except options.FORESEEN as exc:
+        return options.failed(exc)
     except Stopped as stop:  # passed on to the runs under way by run_local: each saved a checkpoint
         print(f"{stop}; no new run is started, finished runs are kept; resume with: python -m ablations.fanout "
               f"{shlex.join(argv if argv is not None else sys.argv[1:])}", file=sys.stderr)

@@ -20,13 +20,16 @@ from tqdm.auto import tqdm
 from ablations import runs as R
 from ablations.batching import BatchStream
 from ablations.bpe import bpe_key, encode, shared_bpe
-from ablations.budgets import Budget, row_config, row_lr_peak, row_steps
+from ablations.budgets import Budget, row_config, settings_for
 from ablations.data import PRESETS, load_corpus
 from ablations.distributed import SINGLE, Ranks, from_main
 from ablations.evaluate import dev_bleu, perplexity
+from ablations.options import RunOptions
+from ablations.outcomes import outcome_line
 from ablations.throughput import gemm_flops, throughput
-from ablations.train import Diverged, TrainSettings, train
+from ablations.train import Diverged, train
 from model import ModelSpec, count_parameters, load_model
+from model.files import StorageError, write_atomic
 from model.params import training_flops
 from model.provenance import git_commit
 from model.table3 import Table3Row
@@ -64,15 +67,6 @@ def prepare_data(b: Budget, preset: str, data: Path, runs: Path) -> PreparedData
                         dev_src, dev_tgt, list(corpus.dev.tgt), summary)
 
 
-def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: int | None = None) -> TrainSettings:
-    gpu = device.type == "cuda"
-    return TrainSettings(
-        steps=row_steps(row, b), warmup=b.warmup, lr_peak=row_lr_peak(row, b), batch_tokens=b.batch_tokens, accumulation=accumulation or b.accumulation,
-        max_sentence_tokens=b.max_sentence_tokens, log_every=b.log_every, eval_every=b.eval_every,
-        checkpoint_every=b.checkpoint_every, precision="bf16" if gpu else "fp32", compile=b.compile and gpu,
-    )
-
-
 @dataclass(frozen=True)
 class Grid:
     budget: Budget
@@ -84,6 +78,12 @@ class Grid:
     accumulation: int | None = None
     max_attempts: int = 3
     ranks: Ranks = SINGLE  # data-parallel processes of each run (torchrun); rank 0 alone writes
+
+    @classmethod
+    def of(cls, options: RunOptions, device: torch.device | None = None, ranks: Ranks = SINGLE) -> Grid:
+        """The grid a `run` request asks for, on `device` (else the request's)."""
+        return cls(options.budget, list(options.rows), list(options.seeds), options.spec, options.runs,
+                   device or options.device, options.accumulation, options.max_attempts, ranks)
 
 
 def describe_device(device: torch.device, processes: int = 1) -> str:
@@ -100,17 +100,17 @@ def peak_flops(device: torch.device) -> float | None:
     return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
 
 
-def run_identity(grid: Grid, row: Table3Row, seed: int, data: PreparedData) -> dict:
-    """Everything that makes a run what it is (its config.json); a hash of it names the run's directory."""
+def plan_run(grid: Grid, row: Table3Row, seed: int, data: PreparedData) -> R.Run:
+    """One (row, seed) of the grid as a Run: its settings, its model config, and its identity (config.json), whose
+    hash names its folder."""
     b = grid.budget
     settings = settings_for(row, b, grid.device, grid.accumulation)
-    return {"row": row.name, "group": row.group, "seed": seed, "budget": b.name, "preset": data.preset,
-            "scaled": b.scaled, "model_spec": str(grid.model_spec), "config": row_config(row, b, data.sp.get_piece_size()).to_dict(),
-            "train": settings.to_dict(), "data": {"bpe": data.bpe_key, "max_train_pairs": b.max_train_pairs, "dev_pairs": b.dev_pairs}}
-
-
-def run_directory(grid: Grid, row: Table3Row, seed: int, data: PreparedData) -> Path:
-    return R.run_dir(grid.runs, grid.budget.name, row.name, seed, run_identity(grid, row, seed, data))
+    config = row_config(row, b, data.sp.get_piece_size())
+    identity = {"row": row.name, "group": row.group, "seed": seed, "budget": b.name, "preset": data.preset,
+                "scaled": b.scaled, "model_spec": str(grid.model_spec), "config": config.to_dict(),
+                "train": settings.to_dict(), "data": {"bpe": data.bpe_key, "max_train_pairs": b.max_train_pairs,
+                                                       "dev_pairs": b.dev_pairs}}
+    return R.Run.at(grid.runs, identity, settings, config)
 
 
 def ended(directory: Path, max_attempts: int) -> str | None:
@@ -128,63 +128,58 @@ def run_one(grid: Grid, row: Table3Row, seed: int, data: PreparedData,
     The run's lock makes this process its one writer; a run another process holds is left to it (status
     R.BUSY). Data-parallel, rank 0 alone holds the lock, writes and scores (the other ranks return 'trained').
     """
-    directory, status, _ = claim_and_run(grid, row, seed, data, on_step)
-    return directory, status
+    run = plan_run(grid, row, seed, data)
+    status, _ = claim_and_run(grid, run, data, on_step)
+    return run.directory, status
 
 
-def claim_and_run(grid: Grid, row: Table3Row, seed: int, data: PreparedData,
-                  on_step: Callable[[int], None] | None = None) -> tuple[Path, str, bool]:
-    """run_one's work; the last value says whether this process trained the run (False: it had ended, or is busy)."""
-    directory = run_directory(grid, row, seed, data)
-    main = grid.ranks.main
+def claim_and_run(grid: Grid, run: R.Run, data: PreparedData,
+                  on_step: Callable[[int], None] | None = None) -> tuple[str, bool]:
+    """run_one's work: the run's status, and whether this process trained it (False: it had ended, or is busy)."""
+    directory, main = run.directory, grid.ranks.main
     done = from_main(ended(directory, grid.max_attempts) if main else None, grid.ranks)
     if done:
-        return directory, done, False
+        return done, False
     if main:
         directory.mkdir(parents=True, exist_ok=True)
     with R.claim(directory) if main else nullcontext(True) as mine:
         if not from_main(mine, grid.ranks):
-            return directory, R.BUSY, False
+            return R.BUSY, False
         done = from_main(ended(directory, grid.max_attempts) if main else None, grid.ranks)  # ended while we looked
         if done:
-            return directory, done, False
+            return done, False
         if main:
-            prepare_directory(directory, run_identity(grid, row, seed, data), f"{row.name} s{seed}")
-        return directory, train_and_score(grid, row, seed, data, directory, on_step), True
+            prepare_directory(run)
+        return train_and_score(grid, run, data, on_step), True
 
 
-def prepare_directory(directory: Path, identity: dict, label: str) -> None:
+def prepare_directory(run: R.Run) -> None:
     """Under the run's lock: clear what a killed writer left, set a damaged final.json aside, drop a failed one (retried)."""
+    directory = run.directory
     R.remove_temporaries(directory)
-    problem = R.final_problem(directory / R.FINAL)
+    problem = R.final_problem(directory)
     if problem:
         aside = R.set_aside(directory / R.FINAL, "damaged")
-        print(f"{label}: {directory / R.FINAL} is {problem}: set aside as {aside.name}; the run is done again", file=sys.stderr)
+        print(f"{run.label}: {directory / R.FINAL} is {problem}: set aside as {aside.name}; the run is done again", file=sys.stderr)
     (directory / R.FINAL).unlink(missing_ok=True)  # only a failed result reaches here: it is retried
-    R.write_json(directory / R.CONFIG, identity)
+    R.write_json(directory / R.CONFIG, run.identity)
 
 
-def train_and_score(grid: Grid, row: Table3Row, seed: int, data: PreparedData, directory: Path,
-                    on_step: Callable[[int], None] | None) -> str:
+def train_and_score(grid: Grid, run: R.Run, data: PreparedData, on_step: Callable[[int], None] | None) -> str:
     """Build, train (resuming), score and record one run whose lock this process holds; returns its status."""
-    b = grid.budget
-    cfg = row_config(row, b, data.sp.get_piece_size())
-    settings = settings_for(row, b, grid.device, grid.accumulation)
-    identity = run_identity(grid, row, seed, data)
-    header = {k: v for k, v in identity.items() if k not in ("config", "train", "data")}
+    cfg, settings, directory, label = run.config, run.settings, run.directory, run.label
+    header = {k: v for k, v in run.identity.items() if k not in ("config", "train", "data")}
     final = {**header, "status": "finished", "error": None, "dev_ppl": None, "bleu": None, "bleu_tokenized": None,
              "sacrebleu_signature": None, "params": None, "steps": 0, "tokens_seen": 0, "wall_s": None,
              "tokens_per_s": None, "mfu": None, "gemm_fraction": None, "device": describe_device(grid.device, grid.ranks.world), "torch": torch.__version__,
              "commit": git_commit(), "date": None, "config": cfg.to_dict()}
-    label = f"{row.name} s{seed}"
     try:
-        torch.manual_seed(seed)
+        torch.manual_seed(run.seed)
         model = load_model(grid.model_spec.with_config(cfg)).to(grid.device)
         counts = count_parameters(model.parameter_groups())
         final["params"] = counts["total"]
-        stream = BatchStream(data.train_src, data.train_tgt, settings.micro_tokens, seed)
-        state = train(model, settings, stream, (data.dev_src, data.dev_tgt), directory, grid.device, label, on_step,
-                      grid.ranks, R.config_hash(identity))
+        stream = BatchStream(data.train_src, data.train_tgt, settings.micro_tokens, run.seed)
+        state = train(model, run, stream, (data.dev_src, data.dev_tgt), grid.device, on_step, grid.ranks)
         if not grid.ranks.main:
             return "trained"
         final.update(steps=state.step, tokens_seen=state.tokens_seen, wall_s=state.wall_s,
@@ -203,10 +198,10 @@ def train_and_score(grid: Grid, row: Table3Row, seed: int, data: PreparedData, d
                           settings.extra_len, settings.autocast, max_tokens=settings.micro_tokens, progress=label)
         final.update(bleu=scores.bleu, bleu_tokenized=scores.bleu_tokenized, sacrebleu_signature=scores.signature,
                      eval_s=time.perf_counter() - started)
-        R.write_atomic(directory / "dev_hypotheses.txt", "".join(h + "\n" for h in scores.hypotheses))
+        write_atomic(directory / R.HYPOTHESES, "".join(h + "\n" for h in scores.hypotheses))
     except Diverged as exc:  # every rank sees the same (summed) loss, so all ranks stop here together
         final.update(status="diverged", error=str(exc), steps=exc.step)
-    except R.StorageError:  # the disk, not the run: nothing to record (it could not be written), the grid stops
+    except StorageError:  # the disk, not the run: nothing to record (it could not be written), the grid stops
         raise
     except Exception as exc:  # noqa: BLE001 - one row's failure (out of memory, ...) must not stop the grid; recorded, retried
         error = " ".join(f"{type(exc).__name__}: {exc}".split())
@@ -221,22 +216,10 @@ def train_and_score(grid: Grid, row: Table3Row, seed: int, data: PreparedData, d
 
 
 def write_final(directory: Path, final: dict, ranks: Ranks) -> None:
-    """final.json, dated, metrics that are not finite as null; rank 0 alone writes it."""
+    """final.json, dated; rank 0 alone writes it."""
     if ranks.main:
         final["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        R.write_json(directory / R.FINAL, {k: R.finite_or_none(v) if isinstance(v, float) else v for k, v in final.items()})
-
-
-def outcome_line(row: str, seed: int, status: str, final: dict, directory: Path) -> str:
-    """One run's line under the grid's bar, rounded for people."""
-    if status == R.BUSY:
-        return f"{row:>4} s{seed}: {status} ({R.holder(directory)})  {directory}"
-    metrics = [f"dev PPL {R.rounded(final.get('dev_ppl'), 1) or '-'}", f"BLEU {R.rounded(final.get('bleu'), 2) or '-'}"]
-    if isinstance(final.get("params"), int):
-        metrics.append(f"{final['params'] / 1e6:.2f}M params")
-    if final.get("wall_s") is not None:
-        metrics.append(R.duration(final["wall_s"]))
-    return f"{row:>4} s{seed}: {status:<8}  {'  '.join(metrics)}  {directory}"
+        R.write_final(directory, final)
 
 
 def run_grid(grid: Grid, data: PreparedData) -> list[tuple[Path, str]]:
@@ -244,19 +227,19 @@ def run_grid(grid: Grid, data: PreparedData) -> list[tuple[Path, str]]:
 
     Runs that already ended are skipped (the bar counts them); runs another process holds are left to it.
     """
-    jobs = [(row, seed) for row in grid.rows for seed in grid.seeds]
-    skipped = sum(ended(run_directory(grid, row, seed, data), grid.max_attempts) is not None for row, seed in jobs)
+    runs = [plan_run(grid, row, seed, data) for row in grid.rows for seed in grid.seeds]
+    skipped = sum(ended(run.directory, grid.max_attempts) is not None for run in runs)
     if grid.ranks.main and skipped:
-        print(f"{skipped} of {len(jobs)} runs already ended (finished, diverged, or failed {grid.max_attempts} times): "
-              f"skipped; {len(jobs) - skipped} to run", file=sys.stderr)
+        print(f"{skipped} of {len(runs)} runs already ended (finished, diverged, or failed {grid.max_attempts} times): "
+              f"skipped; {len(runs) - skipped} to run", file=sys.stderr)
     outcomes = []
-    with tqdm(jobs, desc=f"grid {grid.budget.name}", unit="run", dynamic_ncols=True, disable=not grid.ranks.main) as bar:
-        for row, seed in bar:
-            bar.set_postfix(row=row.name, seed=seed, skipped=skipped)
-            directory, status, trained = claim_and_run(grid, row, seed, data)
+    with tqdm(runs, desc=f"grid {grid.budget.name}", unit="run", dynamic_ncols=True, disable=not grid.ranks.main) as bar:
+        for run in bar:
+            bar.set_postfix(row=run.row, seed=run.seed, skipped=skipped)
+            status, trained = claim_and_run(grid, run, data)
             if grid.device.type == "cuda":
                 torch.cuda.empty_cache()  # hand back what a run that ran out of memory held before the next one starts
             if grid.ranks.main and (trained or status == R.BUSY):
-                tqdm.write(outcome_line(row.name, seed, status, R.read_final(directory / R.FINAL) or {}, directory), file=sys.stderr)
-            outcomes.append((directory, status))
+                tqdm.write(outcome_line(run.row, run.seed, status, run.directory), file=sys.stderr)
+            outcomes.append((run.directory, status))
     return outcomes

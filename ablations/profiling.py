@@ -18,7 +18,6 @@ from typing import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ablations.__main__ import check_counts
 from ablations.batching import BatchStream
 from ablations.bench import CLOCKS, fixed_length_sources, machine, output_path, scaled
 from ablations.bpe import PAD
@@ -26,11 +25,12 @@ from ablations.budgets import budget
 from ablations.data import data_dir
 from ablations.decoding import beam_search
 from ablations.grid import prepare_data
-from ablations.runs import write_atomic
+from ablations.options import check_counts, failed
 from ablations.stopping import stops_cleanly
 from ablations.throughput import median_seconds
 from ablations.train import make_optimizer, train_step
 from model import Transformer, TransformerConfig, kernel
+from model.files import write_atomic
 
 KINDS: dict[str, tuple[str, ...]] = {  # kind -> aten ops (self time); every other op counts as "other"
     "GEMM (mm, bmm, addmm)": ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"),
@@ -88,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         data = prepare_data(b, "multi30k", data_dir(args.data), Path(args.runs))
         src = fixed_length_sources(data.dev_src, args.decode_sentences, args.decode_length)
     except ValueError as exc:  # a bad flag value, DataError, too few long sources
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return failed(exc)
     torch.set_num_threads(1)
     cfg = scaled(TransformerConfig(), cpu.vocab_size)
     torch.manual_seed(0)

@@ -1,10 +1,11 @@
-"""The on-disk results format (see README.md, Ablations): one directory per run, files written atomically.
+"""A run's folder, its one owner: where it is, what its files are called, how they are written and read.
 
     <runs>/<budget>/<row>-s<seed>-<confighash8>/
         config.json    what the run is: row, seed, budget, preset, model spec, model config, training settings
         metrics.jsonl  one line per logged step: step, loss, lr, tokens_per_s, time_s (and dev_ppl at evaluations)
         final.json     written once the run has ended: status finished | diverged | failed, metrics, provenance
         attempts.json  how many times the run failed (bounded retries)
+        dev_hypotheses.txt  the beam-search output on the dev set
         checkpoint.pt  the latest training state, checksummed (never committed)
         checkpoint.prev.pt  the one before, used when the latest is damaged
         .lock          held (flock) by the one process training the run; the kernel releases it when that process dies
@@ -14,7 +15,6 @@ never fail on it; they skip it with a one-line warning naming the file.
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
@@ -23,23 +23,22 @@ import os
 import socket
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import pandas as pd
-from tabulate import tabulate
+
+from ablations.budgets import TrainSettings
+from model.config import TransformerConfig
+from model.files import StorageError, replace, write_atomic
 
 CONFIG, METRICS, FINAL, ATTEMPTS, CHECKPOINT = "config.json", "metrics.jsonl", "final.json", "attempts.json", "checkpoint.pt"
+HYPOTHESES, WEIGHTS = "dev_hypotheses.txt", "model.pt"  # model.pt: a bare state_dict, where a run keeps no checkpoint
 LOCK = ".lock"
 PUBLISHED = (CONFIG, METRICS, FINAL)
 STATUSES = ("finished", "diverged", "failed")
 BUSY = "running elsewhere"  # a run whose lock another process holds
-
-
-def shown_path(path: Path) -> str:
-    """A path relative to the working directory when it lies inside it, so that committed reports carry no machine's paths."""
-    path, here = path.resolve(), Path.cwd().resolve()
-    return path.relative_to(here).as_posix() if path.is_relative_to(here) else str(path)
 
 
 def config_hash(identity: dict) -> str:
@@ -47,8 +46,41 @@ def config_hash(identity: dict) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
 
 
-def run_dir(runs: Path, budget: str, row: str, seed: int, identity: dict) -> Path:
-    return runs / budget / f"{row}-s{seed}-{config_hash(identity)}"
+@dataclass(frozen=True)
+class Run:
+    """One (row, seed) of a grid, planned once before anything runs: its folder and what makes it what it is.
+
+    `identity` is what config.json holds, and its hash names the folder, so that the same request finds the same
+    folder again: a run that ended is skipped, one cut short resumes."""
+
+    directory: Path
+    identity: dict
+    settings: TrainSettings
+    config: TransformerConfig
+
+    @classmethod
+    def at(cls, root: Path, identity: dict, settings: TrainSettings, config: TransformerConfig) -> Run:
+        """The run of `identity` under the runs root: <root>/<budget>/<row>-s<seed>-<hash>."""
+        name = f"{identity['row']}-s{identity['seed']}-{config_hash(identity)}"
+        return cls(root / identity["budget"] / name, identity, settings, config)
+
+    @property
+    def key(self) -> str:
+        """The identity's hash (the folder name's last part): a checkpoint records it to say whose it is."""
+        return self.directory.name.rpartition("-")[2]
+
+    @property
+    def row(self) -> str:
+        return self.identity["row"]
+
+    @property
+    def seed(self) -> int:
+        return self.identity["seed"]
+
+    @property
+    def label(self) -> str:
+        """'<row> s<seed>', for people."""
+        return f"{self.row} s{self.seed}"
 
 
 def finite_or_none(x: float | None) -> float | None:
@@ -60,76 +92,32 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-# --- writing: atomic, and a full disk or a read-only folder is one line naming the path ---------------------------
-
-class StorageError(Exception):
-    """A result file that could not be written (full disk, read-only folder, ...); the message names the path."""
-
-    def __init__(self, path: Path, exc: OSError) -> None:
-        reason = exc.strerror or str(exc)
-        code = errno.errorcode.get(exc.errno or 0, "")
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            fix = "free some space or pass --runs DIR on another disk"
-        elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-            fix = "make the folder writable or pass --runs DIR on a writable disk"
-        else:
-            fix = "check the folder"
-        super().__init__(f"cannot write {path}: {reason}{f' ({code})' if code else ''}; {fix}, then run again "
-                         f"(finished runs are kept; an unfinished one resumes from its last checkpoint)")
-        self.path = path
-
-
-def temporary(path: Path) -> Path:
-    """A temporary name beside path, private to this process (two writers never share one)."""
-    return path.with_name(f".{path.name}.tmp{os.getpid()}")
-
-
-def put_bytes(path: Path, data: bytes) -> None:
-    """The one writer of result bytes: data to path, flushed to the disk."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def replace(source: Path, target: Path) -> None:
-    try:
-        os.replace(source, target)
-    except OSError as exc:
-        raise StorageError(target, exc) from None
-
-
-def write_file(path: Path, data: bytes, target: Path | None = None) -> None:
-    """put_bytes, with a failure (a full disk, ...) a StorageError naming the target (path itself, or the file a
-    temporary path stands for) and nothing half-written left behind."""
-    try:
-        put_bytes(path, data)
-    except OSError as exc:
-        try:
-            path.unlink(missing_ok=True)
-        except OSError:
-            pass
-        raise StorageError(target or path, exc) from None
-
-
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write to a temporary file beside path, then rename over it: readers see the old file or the new, never half."""
-    tmp = temporary(path)
-    write_file(tmp, data.encode() if isinstance(data, str) else data, path)
-    replace(tmp, path)
-
+# --- writing: atomic (model.files), and a full disk or a read-only folder is one line naming the path ---------------
 
 def write_json(path: Path, obj: dict) -> None:
     write_atomic(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
 
 
-def append_metrics(path: Path, record: dict) -> None:
+def write_final(directory: Path, final: dict) -> None:
+    """final.json, metrics that are not finite as null."""
+    write_json(directory / FINAL, {k: finite_or_none(v) if isinstance(v, float) else v for k, v in final.items()})
+
+
+def append_metrics(directory: Path, record: dict) -> None:
+    """One logged step to metrics.jsonl, metrics that are not finite as null."""
+    path = directory / METRICS
     line = json.dumps({k: finite_or_none(v) if isinstance(v, float) else v for k, v in record.items()}) + "\n"
     try:
         with open(path, "a", encoding="utf-8") as f:
             f.write(line)
     except OSError as exc:
         raise StorageError(path, exc) from None
+
+
+def truncate_metrics(directory: Path, step: int) -> None:
+    """Keep the records up to a checkpoint's step (a resumed run logs the later steps again)."""
+    kept = [r for r in read_metrics(directory) if r["step"] <= step]
+    write_atomic(directory / METRICS, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 def remove_temporaries(directory: Path) -> list[Path]:
@@ -148,6 +136,15 @@ def set_aside(path: Path, why: str) -> Path:
         target = path.with_name(f"{path.name}.{why}{n}")
     replace(path, target)
     return target
+
+
+def record_failure(directory: Path, error: str) -> int:
+    """Add a failed attempt and its error to attempts.json; returns the failures so far."""
+    previous = read_json(directory / ATTEMPTS) or {}
+    errors = previous.get("errors") if isinstance(previous.get("errors"), list) else []
+    record = {"failed": failed_attempts(directory) + 1, "errors": [*errors, error]}
+    write_json(directory / ATTEMPTS, record)
+    return record["failed"]
 
 
 # --- one writer per run -------------------------------------------------------------------------------------------
@@ -195,32 +192,44 @@ def read_json(path: Path) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def final_problem(path: Path, identity: bool = False) -> str | None:
-    """Why final.json cannot be read as an ended run's result (None when it can, or when there is no file);
-    with `identity`, a result must also say its row and seed (the tables need them)."""
+def read_config(directory: Path) -> dict | None:
+    """The run's config.json (what the run is); None when it is missing or damaged."""
+    return read_json(directory / CONFIG)
+
+
+def _final(directory: Path, identity: bool) -> tuple[dict | None, str | None]:
+    """final.json read once: (the result, None), or (None, why it cannot be read as an ended run's result), or
+    (None, None) when there is no file."""
+    path = directory / FINAL
     if not path.is_file():
-        return None
+        return None, None
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        return f"not readable JSON ({type(exc).__name__})"
+        return None, f"not readable JSON ({type(exc).__name__})"
     if not isinstance(value, dict):
-        return f"a JSON {type(value).__name__}, not an object"
+        return None, f"a JSON {type(value).__name__}, not an object"
     if value.get("status") not in STATUSES:
-        return f"status {value.get('status')!r} is none of {', '.join(STATUSES)}"
+        return None, f"status {value.get('status')!r} is none of {', '.join(STATUSES)}"
     if identity and (not isinstance(value.get("row"), str) or not isinstance(value.get("seed"), int)):
-        return "no row or seed"
-    return None
+        return None, "no row or seed"
+    return value, None
 
 
-def read_final(path: Path) -> dict | None:
-    """An ended run's result; None when there is none or it is damaged (final_problem says why)."""
-    return None if final_problem(path) or not path.is_file() else read_json(path)
+def final_problem(directory: Path, identity: bool = False) -> str | None:
+    """Why the run's final.json cannot be read as an ended run's result (None when it can, or when there is no file);
+    with `identity`, a result must also say its row and seed (the tables need them)."""
+    return _final(directory, identity)[1]
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """The logged records; a line cut short by a kill, or otherwise not a record, is skipped."""
-    records = []
+def read_final(directory: Path) -> dict | None:
+    """An ended run's result (final.json); None when there is none or it is damaged (final_problem says why)."""
+    return _final(directory, identity=False)[0]
+
+
+def read_metrics(directory: Path) -> list[dict]:
+    """The logged records of metrics.jsonl; a line cut short by a kill, or otherwise not a record, is skipped."""
+    path, records = directory / METRICS, []
     try:
         text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
     except OSError:
@@ -235,24 +244,36 @@ def read_metrics(path: Path) -> list[dict]:
     return records
 
 
-def truncate_metrics(path: Path, step: int) -> None:
-    """Keep the records up to a checkpoint's step (a resumed run logs the later steps again)."""
-    kept = [r for r in read_metrics(path) if r["step"] <= step]
-    write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
-
-
 def previous_checkpoint(path: Path) -> Path:
     """Where the checkpoint before the latest is kept: checkpoint.pt -> checkpoint.prev.pt."""
     return path.with_name(f"{path.stem}.prev{path.suffix}")
 
 
-def status(directory: Path) -> str:
-    """'finished', 'diverged' or 'failed' from final.json, else 'partial' (a checkpoint) or 'new'."""
-    final = read_final(directory / FINAL)
+def status(directory: Path, final: dict | None = None) -> str:
+    """'finished', 'diverged' or 'failed' from final.json (`final`, where the caller has read it), else 'partial'
+    (a checkpoint) or 'new'."""
+    final = final if final is not None else read_final(directory)
     if final is not None:
         return final["status"]
     latest = directory / CHECKPOINT
     return "partial" if latest.is_file() or previous_checkpoint(latest).is_file() else "new"
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a run folder holds, each file read once: config.json and final.json (None where missing or damaged)."""
+
+    directory: Path
+    config: dict | None
+    final: dict | None
+
+    @property
+    def status(self) -> str:
+        return status(self.directory, self.final)
+
+
+def recorded(directory: Path) -> Recorded:
+    return Recorded(directory, read_config(directory), read_final(directory))
 
 
 def failed_attempts(directory: Path) -> int:
@@ -260,35 +281,33 @@ def failed_attempts(directory: Path) -> int:
     return failed if isinstance(failed, int) else 0
 
 
-def record_failure(directory: Path, error: str) -> int:
-    previous = read_json(directory / ATTEMPTS) or {}
-    errors = previous.get("errors") if isinstance(previous.get("errors"), list) else []
-    record = {"failed": failed_attempts(directory) + 1, "errors": [*errors, error]}
-    write_json(directory / ATTEMPTS, record)
-    return record["failed"]
-
-
 # --- gathering ----------------------------------------------------------------------------------------------------
 
-def ended_results(runs: Path) -> list[tuple[Path, dict]]:
-    """Every readable final.json under runs with its path; a damaged one is skipped with a warning naming it."""
+def run_folders(root: Path, holding: str = CONFIG) -> list[Path]:
+    """Every run folder under root that holds the file `holding` (CONFIG: every run begun; FINAL: every run ended)."""
+    return sorted(path.parent for path in root.rglob(holding))
+
+
+def ended_results(root: Path) -> list[tuple[Path, dict]]:
+    """Every run folder under root with a readable final.json, and its result; a damaged one is skipped with a
+    warning naming it."""
     found = []
-    for path in sorted(runs.rglob(FINAL)):
-        problem = final_problem(path, identity=True)
+    for directory in run_folders(root, FINAL):
+        final, problem = _final(directory, identity=True)
         if problem:
-            warn(f"skipping {path}: {problem}")
+            warn(f"skipping {directory / FINAL}: {problem}")
             continue
-        found.append((path, read_json(path)))
+        found.append((directory, final))
     return found
 
 
-def results_table(runs: Path) -> pd.DataFrame:
-    """Every final.json under runs as one row; the model config's fields become columns of their own."""
+def results_table(root: Path) -> pd.DataFrame:
+    """Every final.json under root as one row; the model config's fields become columns of their own."""
     records = []
-    for path, final in ended_results(runs):
+    for directory, final in ended_results(root):
         config = final.pop("config", {})
         config = config if isinstance(config, dict) else {}
-        records.append({**final, **config, "run_dir": path.parent.name})
+        records.append({**final, **config, "run_dir": directory.name})
     table = pd.DataFrame.from_records(records)
     if table.empty:
         return table
@@ -296,45 +315,3 @@ def results_table(runs: Path) -> pd.DataFrame:
         if column in table:
             table[column] = pd.to_numeric(table[column], errors="coerce")  # null -> NaN
     return table
-
-
-def duration(seconds: float | None) -> str:
-    """Seconds for people: 42 s, 3 min 05 s, 2 h 14 min."""
-    if seconds is None or not math.isfinite(seconds):
-        return ""
-    s = round(seconds)
-    if s < 60:
-        return f"{seconds:.1f} s" if seconds < 10 else f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
-
-
-def rounded(x: object, digits: int) -> str:
-    return f"{x:,.{digits}f}" if isinstance(x, (int, float)) and math.isfinite(x) else ""
-
-
-def summary(directories: list[Path], busy: set[Path] = frozenset()) -> str:
-    """A grid's closing lines: a table of its runs (row, seed, status, dev PPL, BLEU, tokens/s, wall time), how they
-    ended, then each run that did not finish with the reason; `busy` are runs another process was training."""
-    statuses = [status(d) for d in directories]  # a busy run may have ended by now; else it is still the other's
-    statuses = [BUSY if d in busy and state not in STATUSES else state for d, state in zip(directories, statuses)]
-    table = []
-    for directory, state in zip(directories, statuses):
-        config, final = read_json(directory / CONFIG) or {}, read_final(directory / FINAL) or {}
-        table.append([config.get("row", "?"), config.get("seed", "?"), state, rounded(final.get("dev_ppl"), 1),
-                      rounded(final.get("bleu"), 2), rounded(final.get("tokens_per_s"), 0), duration(final.get("wall_s"))])
-    counts = ", ".join(f"{statuses.count(s)} {s}" for s in (*STATUSES, "partial", "new", BUSY) if s in statuses)
-    lines = [tabulate(table, headers=["row", "seed", "status", "dev PPL", "BLEU", "tokens/s", "wall time"],
-                      disable_numparse=True), f"{len(directories)} runs: {counts}"]
-    for directory, state, (row, seed, *_) in zip(directories, statuses, table):
-        if state == "finished":
-            continue
-        if state == BUSY:
-            reason = f"{holder(directory)} holds its lock; it is not run twice"
-        else:
-            reason = (read_final(directory / FINAL) or {}).get("error") or "no result yet: interrupted; a re-run resumes it"
-        if "out of memory" in reason.lower():
-            reason += " (give the step more micro-batches of fewer tokens: --accumulation 2, 4, ...)"
-        lines.append(f"  {row} s{seed} {state}: {reason}  [{directory}]")
-    return "\n".join(lines)

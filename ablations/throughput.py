@@ -12,7 +12,7 @@ import torch
 from model.config import TransformerConfig
 from model.params import training_flops
 
-SMALL_D_MODEL = 128  # up to this width one thread by default: a second one gains 1.4-1.5x idle, loses many-fold under load
+SMALL_D_MODEL = 128  # up to this width one thread by default: a second gains a little idle, loses many-fold under load
 
 
 def cpu_times() -> tuple[int, int]:
@@ -46,8 +46,8 @@ def choose_threads(cfg: TransformerConfig, requested: int | None = None) -> int:
     """Intra-op CPU threads for training or decoding cfg: `requested`, else OMP_NUM_THREADS if set, else one thread
     for models up to d_model 128 and the free cores for larger ones. A thread that waits for a busy core stalls every
     op, so on a loaded machine more threads than free cores make small models many times slower; and processes
-    started together would each see every core free. On an idle machine two threads
-    train the cpu budget's model 1.4-1.5x faster (reports/bench.md): pass `requested` (--threads) there."""
+    started together would each see every core free. On an idle machine two threads train the cpu budget's model
+    faster (docs/benchmark.md has the measurements): pass `requested` (--threads) there."""
     if requested is not None:
         if requested < 1:
             raise ValueError(f"threads={requested} must be at least 1")

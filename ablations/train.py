@@ -27,48 +27,15 @@ from tqdm.auto import tqdm
 
 from ablations.batching import BatchStream
 from ablations import stopping
+from ablations.budgets import ADAM_BETAS, ADAM_EPS
 from ablations.distributed import SINGLE, Ranks, first_signal, shard, step_seed, sum_over_ranks, wrap
 from ablations.evaluate import perplexity
-from ablations.runs import (CHECKPOINT, METRICS, append_metrics, previous_checkpoint, replace, set_aside, temporary,
-                            truncate_metrics, write_file)
+from ablations.runs import CHECKPOINT, Run, append_metrics, previous_checkpoint, set_aside, truncate_metrics
 from model.batch import Batch
+from model.files import replace, temporary, write_file
 from model.objective import learning_rate
 
-ADAM_BETAS, ADAM_EPS = (0.9, 0.98), 1e-9
 DIVERGED_LOSS = 3.0  # a training loss above this many times ln(vocab) (uniform guessing) counts as divergence
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """Everything about a run's training and scoring that is not the model config (written to config.json)."""
-
-    steps: int
-    warmup: int
-    batch_tokens: int  # source (and target) positions per optimizer step
-    accumulation: int  # micro-batches per step
-    max_sentence_tokens: int
-    log_every: int
-    eval_every: int
-    checkpoint_every: int
-    precision: str  # 'fp32' or 'bf16' (autocast; GPU only)
-    compile: bool  # torch.compile (GPU only)
-    beam: int = 4
-    alpha: float = 0.6
-    extra_len: int = 50  # maximum output length = source length + extra_len
-    adam_betas: tuple[float, float] = ADAM_BETAS
-    adam_eps: float = ADAM_EPS
-    lr_peak: float | None = None  # None: eq. (3)'s peak d_model^-0.5 * warmup^-0.5
-
-    @property
-    def micro_tokens(self) -> int:
-        return max(1, self.batch_tokens // self.accumulation)
-
-    @property
-    def autocast(self) -> torch.dtype | None:
-        return torch.bfloat16 if self.precision == "bf16" else None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -216,19 +183,19 @@ def resume(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, la
     return TrainState()
 
 
-def train(model: nn.Module, settings: TrainSettings, stream: BatchStream, dev: tuple[list[list[int]], list[list[int]]],
-          run_dir: Path, device: torch.device, label: str = "", on_step: Callable[[int], None] | None = None,
-          ranks: Ranks = SINGLE, run_id: str | None = None) -> TrainState:
-    """Train until settings.steps, resuming from run_dir's checkpoint if there is one; raises Diverged, or Stopped
+def train(model: nn.Module, run: Run, stream: BatchStream, dev: tuple[list[list[int]], list[list[int]]],
+          device: torch.device, on_step: Callable[[int], None] | None = None, ranks: Ranks = SINGLE) -> TrainState:
+    """Train until the run's settings.steps, resuming from its checkpoint if there is one; raises Diverged, or Stopped
     after a stop signal (the step it arrived in is finished and checkpointed first).
 
     Data-parallel (ranks.parallel), every rank resumes from the same checkpoint, reads the same stream and
     trains on its share of each step's micro-batches; rank 0 alone logs, evaluates and checkpoints.
     """
+    settings, run_dir, label, run_id = run.settings, run.directory, run.label, run.key
     optimizer = make_optimizer(model, device)
     state = resume(run_dir, model, optimizer, label, run_id)
     if ranks.main:
-        truncate_metrics(run_dir / METRICS, state.step)
+        truncate_metrics(run_dir, state.step)
     stream.seek(state.epoch, state.index)
     forward = wrap(model, ranks, device)
     forward = torch.compile(forward) if settings.compile and device.type == "cuda" else forward
@@ -258,7 +225,7 @@ def train(model: nn.Module, settings: TrainSettings, stream: BatchStream, dev: t
                     if not diverged and (state.step % settings.eval_every == 0 or state.step == settings.steps):
                         record["dev_ppl"] = perplexity(model, *dev, device, settings.micro_tokens, settings.autocast, progress=label)
                         model.train()
-                    append_metrics(run_dir / METRICS, record)
+                    append_metrics(run_dir, record)
                     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{window_tokens / window_s:,.0f}")
                     window_tokens, window_s = 0, 0.0
                 if diverged:

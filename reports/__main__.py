@@ -13,13 +13,15 @@ import sys
 import time
 from pathlib import Path
 
+from ablations import runs as R
 from ablations.stopping import stops_cleanly
 from invariants.report import writable_folder
+from model.files import shown_path
 from model.table3 import table3_rows
 from reports import attention, figures, glance, index, progress, table3, table3_formats
 from reports.index import Artifact
 from reports.inputs import (ABLATIONS_COMMAND, BENCH_COMMAND, BENCH_REPORTS, INVARIANTS_DIR, KILL_MATRIX,
-                            RESULTS_DIR, MissingInput, budget_folders, load_budget, load_invariants, shown_path)
+                            RESULTS_DIR, MissingInput, budget_folders, load_budget, load_invariants)
 
 REBUILD = "nox -s report"
 OUT_DIR = Path("reports")  # relative to the working directory, like the inputs' defaults
@@ -48,7 +50,7 @@ def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]
             Artifact(section, "the same (CSV)", by_step_csv, REBUILD),
         ]
     else:
-        skipped.append(f"agreement against steps for {results.budget}: no dev_ppl of base in any metrics.jsonl under {shown_path(folder)}")
+        skipped.append(f"agreement against steps for {results.budget}: no dev_ppl of base in any {R.METRICS} under {shown_path(folder)}")
     artifacts += [
         Artifact(section, "Table 3 (Markdown, narrow)", md, REBUILD, "" if len(by_step) else headline),
         Artifact(section, "Table 3 (HTML page, wide)", page, REBUILD, f"{summary.line()} {source}"),
@@ -77,12 +79,12 @@ def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]
             figures.training_curves(results.curves, metric, path, f"{what} per row, budget {label}", order)
             artifacts.append(Artifact(section, f"Training curves: {what} of every row", path, REBUILD))
         else:
-            skipped.append(f"{what} curves for {results.budget}: no {metric} in any metrics.jsonl under {shown_path(folder)}")
+            skipped.append(f"{what} curves for {results.budget}: no {metric} in any {R.METRICS} under {shown_path(folder)}")
     if results.runs["tokens_per_s"].notna().any():
         figures.tokens_per_second(results.runs, fig_dir / "tokens_per_s.png", f"training tokens/s per row, budget {label}", order)
         artifacts.append(Artifact(section, "Training tokens/s per row", fig_dir / "tokens_per_s.png", REBUILD))
     else:
-        skipped.append(f"tokens/s for {results.budget}: no tokens_per_s in the runs' final.json")
+        skipped.append(f"tokens/s for {results.budget}: no tokens_per_s in the runs' {R.FINAL}")
     try:
         attention.draw(folder, fig_dir / "attention.png")
         artifacts.append(Artifact(section, "Encoder self-attention of the trained base model (cf. the paper's Figures 3-5)",

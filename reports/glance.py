@@ -11,11 +11,11 @@ import os
 import re
 from pathlib import Path
 
+from invariants.engine import VERDICTS
 from invariants.suite import PROPERTIES
+from model.files import write_atomic
 from reports import table3, table3_formats
 from reports.inputs import KILL_MATRIX, MissingInput, budget_folders, load_budget
-
-VERDICTS = ("pass", "fail", "not_applicable", "error")
 
 
 def replace_block(text: str, name: str, body: str) -> str:
@@ -145,7 +145,7 @@ def update(path: Path, name: str, body: str) -> bool:
     except ValueError:
         return False
     if new != text:
-        path.write_text(new)
+        write_atomic(path, new)
     return new != text
 
 

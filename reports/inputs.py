@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ablations.runs import final_problem, read_json, read_metrics, results_table, shown_path, warn
+from ablations import runs as R
+from model.files import shown_path
 
 RESULTS_DIR = Path("reports") / "results"  # default paths are relative to the working directory (the repository root)
 INVARIANTS_DIR = Path("reports") / "invariants"
@@ -54,7 +55,7 @@ def budget_folders(results_dir: Path) -> list[Path]:
     if not results_dir.is_dir():
         raise MissingInput(f"no ablation results folder {shown_path(results_dir)}; produce it with `{ABLATIONS_COMMAND.format(budget='smoke')}`")
     folders = [p for p in sorted(results_dir.iterdir())
-               if p.is_dir() and any(final_problem(f, identity=True) is None for f in p.rglob("final.json"))]
+               if p.is_dir() and any(R.final_problem(d, identity=True) is None for d in R.run_folders(p, R.FINAL))]
     if not folders:
         raise MissingInput(f"no finished ablation runs under {shown_path(results_dir)}; produce them with `{ABLATIONS_COMMAND.format(budget='smoke')}`")
     return folders
@@ -68,7 +69,7 @@ def _numbers(column: pd.Series) -> pd.Series:
 def load_budget(folder: Path) -> BudgetResults:
     """All runs of one budget folder: finished, diverged and failed ones (with NaN metrics), the newest per (row, seed);
     the older ones are named in `superseded` so that the header can say so."""
-    runs = results_table(folder)  # the runner's own reader: one line per readable final.json (damaged ones: a warning)
+    runs = R.results_table(folder)  # the runner's own reader: one line per readable final.json (damaged ones: a warning)
     for column in ("dev_ppl", "bleu", "params", "steps", "tokens_seen", "tokens_per_s", "gemm_fraction", "wall_s"):
         runs[column] = _numbers(runs[column]) if column in runs else math.nan
     runs = runs.sort_values("date", kind="stable") if "date" in runs else runs
@@ -77,17 +78,16 @@ def load_budget(folder: Path) -> BudgetResults:
     runs = newest.reset_index(drop=True)
 
     curves, train, data = [], {}, {}
-    for config_path in sorted(folder.rglob("config.json")):
-        if config_path.parent.name in superseded:
+    for directory in R.run_folders(folder):
+        if directory.name in superseded:
             continue
-        config = read_json(config_path)
+        config = R.read_config(directory)
         if config is None or not isinstance(config.get("row"), str) or "seed" not in config:
-            warn(f"skipping {config_path}: not a run's config.json (damaged or foreign)")
+            R.warn(f"skipping {directory / R.CONFIG}: not a run's {R.CONFIG} (damaged or foreign)")
             continue
         if config.get("row") == "base" and not train:
             train, data = dict(config.get("train") or {}), dict(config.get("data") or {})
-        metrics = config_path.with_name("metrics.jsonl")
-        curves += [{"row": config["row"], "seed": config["seed"], **m} for m in read_metrics(metrics)]
+        curves += [{"row": config["row"], "seed": config["seed"], **m} for m in R.read_metrics(directory)]
     columns = ["row", "seed", "step", "loss", "lr", "tokens_per_s", "time_s", "dev_ppl"]
     curves_df = pd.DataFrame(curves).reindex(columns=columns) if curves else pd.DataFrame(columns=columns)
     return BudgetResults(folder.name, folder, runs, curves_df, train, data, superseded)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from model.files import write_atomic
 from model.table3 import Table3Row, table3_rows
 from reports.table3 import MIN_SEEDS, judge, spearman, tally
 
@@ -85,6 +86,6 @@ def write(progress: pd.DataFrame, out_dir: Path, budget: str, title: str, signif
     """The table as Markdown and the numbers behind it as CSV; returns both paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     md, numbers = out_dir / f"{budget}_by_step.md", out_dir / f"{budget}_by_step.csv"
-    md.write_text(markdown(progress, title, significance))
-    progress.to_csv(numbers, index=False)
+    write_atomic(md, markdown(progress, title, significance))
+    write_atomic(numbers, progress.to_csv(index=False))
     return [md, numbers]

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports.inputs import BudgetResults, shown_path
 from ablations.data import PRESETS
+from model.files import shown_path, write_atomic
+from reports.inputs import BudgetResults
+from reports.page import document, stylesheet
 from reports.table3 import METRICS, PAPER_CONFIG, SIGNIFICANCE, Summary, count_rows
 
 METRIC_LABEL = {"ppl": "PPL (dev)", "bleu": "BLEU (dev)", "params": "params ×10⁶"}
@@ -224,9 +226,7 @@ def markdown(table: pd.DataFrame, header: list[tuple[str, str]], summary: Summar
 
 # --- HTML ------------------------------------------------------------------------------------------------------
 
-CSS = """
-body { font-family: "DejaVu Sans", Helvetica, Arial, sans-serif; font-size: 13px; margin: 16px; color: #222; }
-h1 { font-size: 20px; margin: 0 0 12px; }
+CSS = stylesheet("font-size: 13px; margin: 16px;", """h1 { font-size: 20px; margin: 0 0 12px; }
 dl.header { display: grid; grid-template-columns: max-content auto; gap: 2px 12px; margin: 0 0 12px; }
 dl.header dt { font-weight: bold; } dl.header dd { margin: 0; }
 p.summary { font-weight: bold; margin: 12px 0; }
@@ -237,8 +237,7 @@ table.table3 thead th { text-align: center; border-bottom: 1px solid #222; white
 table.table3 tbody th { text-align: left; font-weight: normal; }
 table.table3 span.spill { display: inline-block; width: 0; text-align: left; }  /* row E's text runs across the blank cells, as in the paper */
 p.legend { max-width: 1100px; color: #444; }
-"""
-
+""")
 
 def _group_rules(shown: pd.DataFrame) -> pd.DataFrame:
     """A rule above the first row of each group, like the paper's horizontal lines between (A), (B), ..."""
@@ -259,10 +258,9 @@ def page(shown: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, n
               .set_table_attributes('class="table3"'))
     items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in header)
     unfinished = f"<p class=\"legend\">Runs that did not finish: {html.escape(note)}.</p>" if note else ""
-    return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{html.escape(title)}</title>\n"
-            f"<style>{CSS}</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n<p class=\"summary\">{html.escape(headline)}</p>\n<dl class=\"header\">{items}</dl>\n"
-            f"<p class=\"summary\">{html.escape(summary.line())}</p>\n{styler.to_html()}\n"
-            f"<p class=\"legend\">{html.escape(LEGEND)}</p>\n{unfinished}\n</body>\n</html>\n")
+    return document(title, CSS, f"<h1>{html.escape(title)}</h1>\n<p class=\"summary\">{html.escape(headline)}</p>\n"
+                    f"<dl class=\"header\">{items}</dl>\n<p class=\"summary\">{html.escape(summary.line())}</p>\n"
+                    f"{styler.to_html()}\n<p class=\"legend\">{html.escape(LEGEND)}</p>\n{unfinished}")
 
 
 # --- LaTeX -----------------------------------------------------------------------------------------------------
@@ -338,12 +336,12 @@ def write_all(results: BudgetResults, table: pd.DataFrame, summary: Summary, out
     line = headline(results, table, summary)
     out_dir.mkdir(parents=True, exist_ok=True)
     md = out_dir / f"{results.budget}.md"
-    md.write_text(markdown(table, header, summary, note, title, line))
+    write_atomic(md, markdown(table, header, summary, note, title, line))
     written = [md]
     for ext, render in FORMATS.items():
         path = out_dir / f"{results.budget}.{ext}"
-        path.write_text(render(shown, header, summary, note, title, line))
+        write_atomic(path, render(shown, header, summary, note, title, line))
         written.append(path)
     numbers = out_dir / f"{results.budget}.csv"
-    table.to_csv(numbers)
+    write_atomic(numbers, table.to_csv())
     return [*written, numbers]

@@ -14,6 +14,7 @@ from ablations.train import read_checkpoint
 from model import ModelSpec
 from model.table3 import table3_rows
 from tests.cli_runs import REAL_DATA, needs_data
+from tests.test_run_identity import SMOKE as SMOKE_IDENTITIES, SMOKE_BPE
 
 pytestmark = [pytest.mark.slow, needs_data]
 SMOKE = BUDGETS["smoke"]
@@ -51,6 +52,13 @@ def test_every_row_finishes_with_finite_perplexity_and_bleu(smoke):
         # Better than guessing uniformly over the vocabulary: every row did learn something in 24 steps.
         assert final["dev_ppl"] is not None and 1.0 < final["dev_ppl"] < vocab, row
         assert final["steps"] == SMOKE.steps and final["tokens_seen"] > 0
+
+
+def test_each_run_keeps_the_folder_the_code_before_the_run_folder_refactor_gave_it(smoke):
+    _, data, outcomes, _ = smoke
+    assert data.bpe_key == SMOKE_BPE  # the committed smoke grid's: the same data, the same BPE
+    assert [d.name for d, _ in outcomes] == [f"{row}-s1-{key}" for row, key in SMOKE_IDENTITIES.items()]
+    assert all(R.config_hash(R.read_config(d)) == d.name.rpartition("-")[2] for d, _ in outcomes)
 
 
 def test_parameter_counts_differ_between_rows_as_the_table_says(smoke):
@@ -111,6 +119,6 @@ def test_an_interrupted_run_resumed_from_its_checkpoint_ends_exactly_as_the_unin
     resumed, uninterrupted = R.read_json(directory / R.FINAL), finals["base"]
     for key in ("dev_ppl", "bleu", "bleu_tokenized", "steps", "tokens_seen", "params"):
         assert resumed[key] == uninterrupted[key], key  # exact: CPU float32 with the same thread count is deterministic
-    logged = lambda d: [(r["step"], r["loss"], r["lr"], r.get("dev_ppl")) for r in R.read_metrics(d / R.METRICS)]  # noqa: E731
+    logged = lambda d: [(r["step"], r["loss"], r["lr"], r.get("dev_ppl")) for r in R.read_metrics(d)]  # noqa: E731
     reference_dir = next(d for d, _ in outcomes if d.name.startswith("base-"))
     assert logged(directory) == logged(reference_dir)

@@ -21,10 +21,21 @@ def test_rows_and_seeds_are_taken_out_of_the_arguments_passed_on():
     assert without(argv, ("--rows", "--seeds")) == ["--budget", "smoke", "--steps", "4"]
 
 
-def test_each_row_and_seed_becomes_one_run_of_the_runner():
-    _, jobs = split(["--budget", "smoke", "--rows", "B", "--seeds", "1,3", "--steps", "4"])
+def split_here(tmp_path, *argv: str):
+    """split() on a request whose data and runs folders exist: it checks the request as the runner does."""
+    return split([*argv, "--data", str(tmp_path), "--runs", str(tmp_path / "runs")])
+
+
+def test_each_row_and_seed_becomes_one_run_of_the_runner(tmp_path):
+    _, jobs = split_here(tmp_path, "--budget", "smoke", "--rows", "B", "--seeds", "1,3", "--steps", "4")
     assert [job.name for job in jobs] == ["B1-s1", "B1-s3", "B2-s1", "B2-s3"]
-    assert jobs[1].argv == ("run", "--budget", "smoke", "--steps", "4", "--rows", "B1", "--seeds", "3")
+    assert jobs[1].argv == ("run", "--budget", "smoke", "--steps", "4", "--data", str(tmp_path), "--runs",
+                            str(tmp_path / "runs"), "--rows", "B1", "--seeds", "3")
+
+
+def test_a_bad_run_option_is_refused_before_any_run_starts(tmp_path, capsys):
+    assert main(["--workers", "2", "--budget", "smoke", "--rows", "Z9", "--data", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("error: unknown row 'Z9'; valid rows: all, base")
 
 
 def test_gpu_indices_must_be_numbers(capsys):
@@ -52,7 +63,7 @@ def test_one_run_per_gpu_at_a_time_each_seeing_only_its_gpu(tmp_path, monkeypatc
             return 0
 
     monkeypatch.setattr(fanout.subprocess, "Popen", FakeRun)
-    _, jobs = split(["--budget", "smoke", "--rows", "A,B"])
+    _, jobs = split_here(tmp_path, "--budget", "smoke", "--rows", "A,B")
     codes = fanout.run_local(jobs, ["0", "1"], tmp_path)
     assert codes == {job.name: 0 for job in jobs}
     assert sorted(row for row, _ in seen) == sorted(job.row for job in jobs) and {gpu for _, gpu in seen} == {"0", "1"}
@@ -77,7 +88,7 @@ def test_a_sigterm_to_the_fan_out_alone_reaches_each_run_under_way_and_no_new_ru
             return 128 + signalled[-1]
 
     monkeypatch.setattr(fanout.subprocess, "Popen", FakeRun)
-    _, jobs = split(["--budget", "smoke", "--rows", "A"])  # 4 runs on 2 workers
+    _, jobs = split_here(tmp_path, "--budget", "smoke", "--rows", "A")  # 4 runs on 2 workers
     main_thread = threading.main_thread().ident
     threading.Timer(0.3, signal.pthread_kill, (main_thread, signal.SIGTERM)).start()  # `kill PID` of the fan-out
     with graceful_stops(), pytest.raises(Stopped) as stop:

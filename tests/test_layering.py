@@ -104,3 +104,28 @@ def test_the_walker_sees_a_cycle_and_a_string_import():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert resolve("invariants.mutants") == "invariants.mutants" and resolve("ablations.nope") == "ablations"
     assert NAMED.match("invariants.mutants:build") and not NAMED.match("reports/results") and not NAMED.match("model")
+
+
+def test_no_library_module_imports_the_command_line():
+    # The SLURM launcher alone: each of its jobs re-runs `python -m ablations run ...` on its node.
+    importers = sorted(m for m in MODULES if "ablations.__main__" in GRAPH[m] | named_in_strings(m))
+    assert importers == ["ablations.slurm"]
+
+
+RUN_FILES = ("config.json", "metrics.jsonl", "final.json", "attempts.json", "checkpoint.pt", "model.pt",
+             "dev_hypotheses.txt")
+
+
+def spelled(module: str, text: str) -> bool:
+    """Whether a string in the code of `module` (docstrings aside: they are prose) contains `text`."""
+    tree = ast.parse(MODULES[module].read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return any(isinstance(node, ast.Constant) and isinstance(node.value, str) and text in node.value
+               and id(node) not in docstrings for node in ast.walk(tree))
+
+
+@pytest.mark.parametrize("name", RUN_FILES)
+def test_a_run_folders_file_is_named_in_one_place(name):
+    assert [m for m in MODULES if spelled(m, name)] == ["ablations.runs"]

@@ -96,7 +96,7 @@ def test_the_lowest_seed_with_weights_is_drawn(tmp_path, bpe):
     publish(tmp_path / "cpu", bpe, seed=2)
     (tmp_path / "cpu" / bpe.name).unlink()
     run, _ = publish(tmp_path / "cpu", bpe, seed=1)
-    assert attention_data.base_run(tmp_path / "cpu") == run
+    assert attention_data.base_run(tmp_path / "cpu").directory == run
 
 
 def test_a_run_with_a_damaged_config_is_passed_over_not_a_traceback(tmp_path, bpe):
@@ -104,7 +104,7 @@ def test_a_run_with_a_damaged_config_is_passed_over_not_a_traceback(tmp_path, bp
     damaged = tmp_path / "cpu" / "runs" / "base-s1-0000"
     damaged.mkdir()
     (damaged / "config.json").write_text('{"row": "base", "se')  # a writer killed mid-file
-    assert attention_data.base_run(tmp_path / "cpu") == run
+    assert attention_data.base_run(tmp_path / "cpu").directory == run
 
 
 def test_a_base_run_still_training_is_not_drawn(tmp_path, bpe):

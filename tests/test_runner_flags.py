@@ -5,9 +5,10 @@ import re
 
 import pytest
 
-from ablations import runs as R
-import ablations.__main__ as ablations_main
-from ablations.__main__ import main, parse_seeds
+from ablations import options
+from ablations.__main__ import main
+from ablations.options import parse_seeds
+from model import files
 from tests.cli_runs import needs_data
 
 pytestmark = needs_data
@@ -67,7 +68,7 @@ def test_ctrl_c_while_the_flags_and_model_are_checked_is_one_line_and_status_130
     def interrupted(*_):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ablations_main, "check_model", interrupted)
+    monkeypatch.setattr(options, "check_model", interrupted)
     assert main(["run", "--rows", "base", "--device", "cpu", "--runs", str(tmp_path / "runs")]) == 130
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("interrupted before any run started"), err
@@ -87,7 +88,7 @@ def test_a_read_only_runs_folder_is_one_line(tmp_path, monkeypatch, capsys):
     def read_only(path, data):
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
-    monkeypatch.setattr(R, "put_bytes", read_only)
+    monkeypatch.setattr(files, "put_bytes", read_only)
     assert main(["run", "--rows", "base", "--device", "cpu", "--runs", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err == f"error: --runs {tmp_path}: cannot write there (Read-only file system); give a writable folder\n"

@@ -21,7 +21,7 @@ from ablations import runs as R
 from ablations.__main__ import main
 from ablations.stopping import stops_cleanly
 from ablations.train import make_optimizer, read_checkpoint
-from model import Transformer
+from model import Transformer, files
 from tests.cli_runs import logged, needs_data, result, runs_folder, smoke_cache
 from tests.test_ablations_grid import single_thread  # noqa: F401 (a fixture)
 
@@ -145,14 +145,14 @@ def test_a_stop_signal_at_a_random_moment_resumes_to_the_uninterrupted_result(tm
 
 def failing_writer(monkeypatch, code: int, *where: str):
     """put_bytes raising OSError(code) for the files whose path contains every one of `where`, as the OS does."""
-    real = R.put_bytes
+    real = files.put_bytes
 
     def put_bytes(path, data):
         if all(w in str(path) for w in where):
             raise OSError(code, os.strerror(code), str(path))
         real(path, data)
 
-    monkeypatch.setattr(R, "put_bytes", put_bytes)
+    monkeypatch.setattr(files, "put_bytes", put_bytes)
 
 
 @pytest.mark.parametrize("code, where, target", [
