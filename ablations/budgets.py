@@ -57,14 +57,12 @@ BUDGETS: dict[str, Budget] = {
     "smoke": Budget("smoke", scale=8, steps=24, warmup=24, lr_peak=None, batch_tokens=400, accumulation=1, preset="multi30k",
                     vocab_size=1000, max_train_pairs=4000, dev_pairs=100, max_sentence_tokens=64,
                     log_every=4, eval_every=12, checkpoint_every=8, compile=False),
-    # The Table 3 grid a 2-core CPU can train (README "The cpu budget" has the study behind every number): sizes / 8
-    # (d_model 64; /4 cost about 4x per step and learned no faster per step), full Multi30k with a 2000-token BPE,
-    # 1500-token batches, the paper's schedule shape with its peak at 3e-3 (1e-3 was slower, 6e-3 stalled at the
-    # unigram plateau), 4000 steps per row (about 16 epochs; the 20 rows cost 21 base rows, about 3.3 h a seed with
-    # two single-thread processes), dev PPL every 250 steps for the by-step report.
+    # The Table 3 grid a 2-core CPU can train (docs/ablations.md has the studies behind it): sizes / 8, each row
+    # started with the stds of its paper-size counterpart (init paper-width), full Multi30k with a 2000-token BPE,
+    # 1500-token batches, eq. (3)'s shape peaking at 3e-3 after 500 steps, 4000 steps a row.
     "cpu": Budget("cpu", scale=8, steps=4000, warmup=500, lr_peak=3e-3, batch_tokens=1500, accumulation=1,
                   preset="multi30k", vocab_size=2000, max_train_pairs=None, dev_pairs=None, max_sentence_tokens=100,
-                  log_every=50, eval_every=250, checkpoint_every=250, compile=False),
+                  log_every=50, eval_every=250, checkpoint_every=250, compile=False, init="paper-width"),
     # The first CPU grid (docs/ablations.md has its study and results): as cpu, but every row drew Xavier at its own
     # width, whose stds at d_model 64 are about 2.8x those of the paper's width; kept so that its results regenerate.
     "cpu-xavier": Budget("cpu-xavier", scale=8, steps=4000, warmup=500, lr_peak=3e-3, batch_tokens=1500, accumulation=1,
