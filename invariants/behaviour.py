@@ -170,7 +170,8 @@ def attention_scaling(subject: Subject, config_seed: tuple[Overrides, int]) -> f
     return abs(math.log2(ratio)) if math.isfinite(ratio) and ratio > 0 else float("inf")
 
 
-@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=eval_pinned, cases=eval_cases)
+@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=eval_pinned, cases=eval_cases,
+           needs=("source_embeddings", "target_embeddings"))
 def embedding_scaling(subject: Subject, case: Case) -> float:
     """Token embeddings enter both stacks multiplied by sqrt(d_model) (paper, section 3.4): embed(ids), encode and decode agree.
 

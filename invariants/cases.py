@@ -50,9 +50,9 @@ def batch_cases(subject: Subject, train: bool | None = None, capture: bool | Non
                 padded: bool | None = None, min_batch: int = 1, min_src: int = 1, min_tgt: int = 1) -> st.SearchStrategy[Case]:
     """Cases on random small configs; a flag given as True/False is fixed, None lets hypothesis choose.
 
-    capture is only drawn when the model can capture attention probabilities.
+    capture is only drawn when the model can capture attention probabilities (declared, or found by trying it).
     """
-    can_capture = "attention_probs" not in subject.unsupported
+    can_capture = not subject.lacks("attention_probs")
     flag = lambda fixed: st.just(fixed) if fixed is not None else st.booleans()  # noqa: E731
     return st.builds(
         Case, small_configs(), st.integers(min_batch, 3), st.integers(min_src, 7), st.integers(min_tgt, 7), flag(padded),
@@ -68,7 +68,7 @@ def pinned_cases(subject: Subject, train=(False, True), capture=(False, True), p
     number of True run: with three that is an orthogonal array covering every pair of flag values, with
     two it is all-off and all-on. The drawn small configs cover every combination.
     """
-    if "attention_probs" in subject.unsupported:
+    if subject.lacks("attention_probs"):
         capture = tuple(c for c in capture if not c) or (False,)
     combos = list(itertools.product(train, capture, padded))
     if sum(len(flag) > 1 for flag in (train, capture, padded)) >= 2:

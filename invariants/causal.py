@@ -14,6 +14,7 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import Case, batch_cases, pinned_cases
 from invariants.engine import invariant
+from invariants.softmax import misshapen
 from invariants.subject import Subject, relative_error, seeded
 from model.batch import Batch
 from model.protocol import Seq2SeqModel
@@ -59,7 +60,8 @@ def causal_future_tokens(subject: Subject, case: Case) -> float:
     return exact_difference(outputs[0][:, :j], outputs[1][:, :j])
 
 
-@invariant(GROUP, tol.EXACT, pinned=lambda s: pinned_cases(s), cases=lambda s: batch_cases(s, min_tgt=2))
+@invariant(GROUP, tol.EXACT, pinned=lambda s: pinned_cases(s), cases=lambda s: batch_cases(s, min_tgt=2),
+           needs=("target_embeddings",))
 def causal_jacobian(subject: Subject, case: Case) -> float:
     """The float64 gradient of the logits at positions < j with respect to the target embeddings at >= j is exactly 0 (paper, section 3.2.3).
 
@@ -76,13 +78,13 @@ def causal_jacobian(subject: Subject, case: Case) -> float:
         if not torch.isfinite(logits).all():
             return float("inf")
         cotangent = torch.randn(logits.shape, generator=torch.Generator().manual_seed(case.seed), dtype=logits.dtype)
-        (grad,) = torch.autograd.grad((logits * cotangent).sum(), x)
-    return grad[:, j:].abs().max().item()
+        (grad,) = torch.autograd.grad((logits * cotangent).sum(), x, allow_unused=True)
+    return 0.0 if grad is None else grad[:, j:].abs().max().item()  # None: no path from the embeddings, so no leak
 
 
 @invariant(GROUP, tol.EXACT, pinned=lambda s: pinned_cases(s, capture=(True,)),
            cases=lambda s: batch_cases(s, capture=True, min_tgt=2), needs=("attention_probs",))
-def causal_future_probs(subject: Subject, case: Case) -> float:
+def causal_future_probs(subject: Subject, case: Case) -> float | tuple[float, str]:
     """Captured decoder self-attention probabilities of non-pad queries on future positions are exactly 0 (paper, section 3.2.3).
 
     Rows of padded queries are left out: nothing reads their outputs, so what a model puts there is its own affair.
@@ -94,6 +96,9 @@ def causal_future_probs(subject: Subject, case: Case) -> float:
     selfs = [r.probs for r in records if r.kind == "decoder_self"]
     if not selfs:
         raise ValueError("attention_probs() captured no decoder_self records")
+    wrong = misshapen([r for r in records if r.kind == "decoder_self"], batch)
+    if wrong:
+        return float("inf"), wrong
     T = case.tgt_len
     future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1) & ~batch.tgt_pad[:, None, :, None]  # (B, 1, T, T)
     return max(p.masked_fill(~future, 0.0).abs().max().item() if future.any() else 0.0 for p in selfs)

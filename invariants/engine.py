@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from invariants import profiles
 from invariants.subject import Factory, Subject
 from invariants.tolerances import Tolerance
+from model import kernel
 
 PASS, FAIL, NOT_APPLICABLE, ERROR = "pass", "fail", "not_applicable", "error"
 VERDICTS = (PASS, FAIL, NOT_APPLICABLE, ERROR)
@@ -99,7 +100,15 @@ def run(prop: Property, subject: Subject, settings: hypothesis.settings | None =
     """Run one property against one subject and return its Result (never raises for a model's failure).
 
     settings default to the suite's profile ($HYPOTHESIS_PROFILE, else ci); profile names it in the replay command.
+    The reference's CPU kernels are used if built but never built here: a build takes longer than every check
+    together, and the checks run mostly in float64 on small batches, where the kernels save little.
     """
+    with kernel.without_building():
+        return _run(prop, subject, settings, seed, replay, profile)
+
+
+def _run(prop: Property, subject: Subject, settings: hypothesis.settings | None, seed: int | None,
+         replay: tuple[str, bytes] | None, profile: str) -> Result:
     start = time.perf_counter()
     tol = prop.tolerance
     result = Result(prop.name, prop.group, prop.description, PASS, None, tol.value, tol.bound, tol.reason, 0)

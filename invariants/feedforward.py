@@ -43,7 +43,8 @@ def wide_enough(config: Overrides) -> bool:
 
 
 @invariant(GROUP, tol.NONLINEAR, pinned=lambda s: [(OWN_CONFIG, 0)],
-           cases=lambda s: st.tuples(small_configs().filter(wide_enough), st.integers(0, 2**16)))
+           cases=lambda s: st.tuples(small_configs().filter(wide_enough), st.integers(0, 2**16)),
+           needs=("source_embeddings", "target_embeddings"))
 def ffn_nonlinear(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
     """Along a circle of length-1 inputs, encoder outputs and logits span more dimensions than normalisation alone can add: the FFNs are non-linear (paper, eq. 2)."""
     config, seed = case

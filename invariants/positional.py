@@ -26,7 +26,7 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import small_configs
 from invariants.engine import NotApplicable, invariant
-from invariants.subject import OWN_CONFIG, Overrides, Subject, distinctness, tokens
+from invariants.subject import OWN_CONFIG, Overrides, Subject, distinctness, relative_error, tokens
 
 GROUP = "4 positional encoding"
 POSITIONS = 1024  # rows of the table examined (fewer if max_len is smaller)
@@ -146,3 +146,35 @@ def positions_distinguished(subject: Subject, case: tuple[Overrides, int]) -> tu
     alike = [name for name, d in (("encoder outputs", encoder), ("decoder logits", decoder)) if not d >= tol.POSITIONS.value]
     return min(encoder, decoder), (f"{' and '.join(alike)} repeat at two positions: no positional encoding is added "
                                    f"to that stack's input, or its output has lost its input" if alike else "")
+
+
+@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=lambda s: [(OWN_CONFIG, 0)],
+           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)), applicable=has_positions,
+           needs=("positional_table", "positional_switch", "source_embeddings", "target_embeddings"))
+def pe_unit_scale(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
+    """Encoding embeddings x with positions on equals encoding x + the reported PE table with positions off (decoding too, where the table is sinusoidal): PE is added at unit scale, E sqrt(d_model) + PE, not scaled with the embeddings (paper, sections 3.4 and 3.5).
+
+    The decoder is judged against the same table only where it is the paper's sinusoids, which section 3.5 adds to both
+    stacks; a learned table (BART learns one per stack) is reported for the encoder alone.
+    """
+    config, seed = case
+    model = subject.model(config).eval()
+    cfg, gen = model.config, torch.Generator().manual_seed(seed)
+    S, T = min(REPEATS, cfg.max_len), min(REPEATS - 2, cfg.max_len)
+    x, y = (torch.randn(2, n, cfg.d_model, generator=gen, dtype=torch.float64) for n in (S, T))
+    pe = model.positional_table(max(S, T)).detach().to(torch.float64)
+    src_pad, tgt_pad = torch.zeros(2, S, dtype=torch.bool), torch.zeros(2, T, dtype=torch.bool)
+    memory = model.encode(x, src_pad)
+    with model.positional_encoding(False):
+        errors = {"encoder outputs": relative_error(model.encode(x + pe[:S], src_pad), memory)}
+    sinusoidal = column_residual(table(subject, config)) <= SINUSOID_COLUMNS
+    if sinusoidal:
+        logits = model.decode(y, memory, src_pad, tgt_pad)
+        with model.positional_encoding(False):
+            errors["decoder logits"] = relative_error(model.decode(y + pe[:T], memory, src_pad, tgt_pad), logits)
+    off = [name for name, error in errors.items() if tol.AGREEMENT[torch.float64].violated(error)]
+    notes = [f"{' and '.join(off)} differ: the positions enter at another scale than the table's (E sqrt(d_model) + PE)"] if off else []
+    if not sinusoidal:
+        notes.append("decoder not judged: the table is not sinusoidal, and the decoder may learn its own")
+    return max(errors.values()), "; ".join(notes)
+

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import torch
 from hypothesis import strategies as st
+from torch.nn import Parameter
 
 from invariants import tolerances as tol
 from invariants.cases import small_configs
 from invariants.engine import NotApplicable, invariant
 from invariants.behaviour import relative_change
-from invariants.subject import INIT_SEED, OWN_CONFIG, Overrides, Subject, distinctness, seeded, tokens
+from invariants.subject import OWN_CONFIG, Overrides, Subject, distinctness, tokens
 from model.protocol import Seq2SeqModel
 
 GROUP = "7 residual connections, LayerNorm, dropout"
@@ -29,20 +30,26 @@ TOKENS = 8  # distinct tokens in the probe sequence (fewer when the vocabulary i
 SCALES = (1e6, 1e10)  # input embedding sizes: constants of O(1) move a normalised output by ~1/scale
 
 
+def normalisation_parameters(model: Seq2SeqModel) -> list[tuple[Parameter, str]]:
+    """(parameter, its name in its module) of every normalisation: a module without submodules whose class name says
+    Norm (LayerNorm, RMSNorm, ...; a block class named PreNormLayer holds sub-layers, and is none)."""
+    return [(p, name) for module in model.modules()
+            if "norm" in type(module).__name__.lower() and next(module.children(), None) is None
+            for name, p in module.named_parameters()]
+
+
 def without_sublayer_weights(subject: Subject, config: Overrides, biases: bool = False) -> Seq2SeqModel:
     """A fresh float64 copy of the subject with the encoder's and decoder's weight matrices zeroed.
 
-    With biases=True every other parameter of those groups is zeroed too, except the normalisations' (parameters
-    of modules whose class name says Norm): each sub-layer then computes exactly 0.
+    With biases=True every other parameter of those groups is zeroed too, except the normalisations'
+    (`normalisation_parameters`): each sub-layer then computes exactly 0.
     """
-    with seeded(INIT_SEED):
-        model = subject.build(config).double().eval()
+    model = subject.fresh(config).eval()
     groups = model.parameter_groups()
     if not {"encoder", "decoder"} <= set(groups):
         raise NotApplicable(f"parameter_groups() names no encoder and decoder groups (it has {', '.join(groups)})")
     kept = {w.untyped_storage().data_ptr() for w in model.embedding_weights().values()}
-    norms = {p.untyped_storage().data_ptr() for m in model.modules() if "norm" in type(m).__name__.lower()
-             for p in m.parameters()}
+    norms = {p.untyped_storage().data_ptr() for p, _ in normalisation_parameters(model)}
     with torch.no_grad():
         for p in [*groups["encoder"], *groups["decoder"]]:
             address = p.untyped_storage().data_ptr()
@@ -71,7 +78,7 @@ def residual_paths(subject: Subject, case: tuple[Overrides, int]) -> tuple[float
 
 
 @invariant(GROUP, tol.NORMALISED, pinned=lambda s: [(OWN_CONFIG, 0)],
-           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)))
+           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)), needs=("source_embeddings", "target_embeddings"))
 def layer_norm_outputs(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
     """With the sub-layers' weight matrices zeroed, input embeddings of size 1e6 and 1e10 give the same encoder outputs and logits: each layer ends in LayerNorm (paper, section 3.1)."""
     config, seed = case

@@ -41,6 +41,26 @@ def query_rows(kind: str, batch: Batch) -> Tensor:
     return ~pad[:, None, :, None]
 
 
+def misshapen(records: list, batch: Batch) -> str:
+    """A note naming the captured records whose probabilities are not (B, h, T_q, T_k) for their kind (queries from the
+    source in the encoder, from the target in the decoder and cross-attention; keys from the source in the encoder and
+    cross-attention, from the target in the decoder), '' when all fit. Such a record has no padded or future keys to
+    locate: the checks that read it fail, with this note, rather than raise."""
+    B, S, T = batch.src.size(0), batch.src.size(1), batch.tgt.size(1)
+    expected = {"encoder_self": (S, S), "decoder_self": (T, T), "cross": (T, S)}
+    wrong = []
+    for r in records:
+        queries_keys = expected.get(r.kind)
+        if queries_keys is None:
+            wrong.append(f"a record of unknown kind {r.kind!r}")
+        elif r.probs.dim() != 4 or r.probs.size(0) != B or tuple(r.probs.shape[-2:]) != queries_keys:
+            wrong.append(f"{r.kind} layer {r.layer} of shape {tuple(r.probs.shape)} where ({B}, h, {queries_keys[0]}, "
+                         f"{queries_keys[1]}) is expected")
+    if not wrong:
+        return ""
+    return f"captured probabilities of the wrong shape: {'; '.join(wrong[:2])}{' ...' if len(wrong) > 2 else ''}"
+
+
 def captured(model: Seq2SeqModel, batch: Batch, case: Case, scale: float = 1.0) -> list:
     """Attention records of one forward pass; the decoder input embeddings are multiplied by scale."""
     model.train(case.train)
@@ -55,8 +75,8 @@ def captured(model: Seq2SeqModel, batch: Batch, case: Case, scale: float = 1.0) 
 @invariant(GROUP, tol.ROW_SUM[torch.float32],
            pinned=lambda s: list(zip(pinned_cases(s, train=(False,), capture=(True,)), (1.0, EXTREME))),
            cases=lambda s: st.tuples(batch_cases(s, train=False, capture=True), st.sampled_from([1.0, EXTREME])),
-           needs=("attention_probs",))
-def softmax_rows(subject: Subject, case_scale: tuple[Case, float]) -> float:
+           needs=("attention_probs", "target_embeddings"))
+def softmax_rows(subject: Subject, case_scale: tuple[Case, float]) -> float | tuple[float, str]:
     """Every captured row of a non-pad query with a visible key sums to 1, entries in [0, 1], finite, also at extreme inputs (float32, eval) (paper, section 3.2.1).
 
     Eval mode: torch.nn.MultiheadAttention applies dropout to the probabilities it returns in train mode (the
@@ -64,8 +84,12 @@ def softmax_rows(subject: Subject, case_scale: tuple[Case, float]) -> float:
     """
     case, scale = case_scale
     model, batch = subject.model(case.config, torch.float32), case.make_batch(subject)
+    records = captured(model, batch, case, scale)
+    wrong = misshapen(records, batch)
+    if wrong:
+        return float("inf"), wrong
     worst = 0.0
-    for record in captured(model, batch, case, scale):
+    for record in records:
         p = record.probs.double()
         judged = (allowed_keys(record.kind, batch).any(-1, keepdim=True) & query_rows(record.kind, batch)).expand_as(p)
         rows = p.masked_fill(~judged, 0.0)
@@ -77,15 +101,19 @@ def softmax_rows(subject: Subject, case_scale: tuple[Case, float]) -> float:
 
 
 @invariant(GROUP, tol.EXACT, pinned=lambda s: pinned_cases(s, capture=(True,), padded=(True,)),
-           cases=lambda s: batch_cases(s, capture=True, padded=True), needs=("attention_probs",))
-def padding_probs_zero(subject: Subject, case: Case) -> float:
+           cases=lambda s: batch_cases(s, capture=True, padded=True), needs=("attention_probs", "target_embeddings"))
+def padding_probs_zero(subject: Subject, case: Case) -> float | tuple[float, str]:
     """Every non-pad query puts exactly 0 probability on padded keys, in encoder, decoder and cross-attention (paper, section 3.2.3: masking).
 
     Rows of padded queries are free (nothing reads them); rows with no visible key are fully_padded_rows' matter.
     """
     model, batch = subject.model(case.config), case.make_batch(subject)
+    records = captured(model, batch, case)
+    wrong = misshapen(records, batch)
+    if wrong:
+        return float("inf"), wrong
     worst = 0.0
-    for record in captured(model, batch, case):
+    for record in records:
         pad_keys = (batch.tgt_pad if record.kind == "decoder_self" else batch.src_pad)[:, None, None, :]
         judged = pad_keys & query_rows(record.kind, batch) & allowed_keys(record.kind, batch).any(-1, keepdim=True)
         masked = record.probs.masked_fill(~judged, 0.0)
@@ -99,6 +127,9 @@ FULLY_PADDED = ("source", "target", "both")
 def dead_row_convention(records: list, batch: Batch) -> str:
     """What the model does with rows that have no visible key: all zeros, uniform, or something else (counted)."""
     zeros = uniform = other = 0
+    wrong = misshapen(records, batch)
+    if wrong:
+        return wrong
     for record in records:
         dead = ~allowed_keys(record.kind, batch).any(-1)  # (B, 1, T_q)
         rows = record.probs.detach().double()[dead.expand(record.probs.shape[:-1])]

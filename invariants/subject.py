@@ -6,12 +6,14 @@ which works for registered models and user adapters alike. Models are built with
 """
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 from typing import Callable, Iterator, Mapping, Union
 
 import torch
 from torch import Tensor
 
+from invariants import capabilities
 from model.batch import Batch
 from model.config import TransformerConfig
 from model.table3 import preset
@@ -48,7 +50,8 @@ class Subject:
         except Exception:  # some adapters cannot be built on meta; a bad spec raises SpecError here
             first = self.model(OWN_CONFIG, torch.float32)
         self.config: TransformerConfig = first.config
-        self.unsupported: Mapping[str, str] = dict(first.unsupported)
+        self.unsupported: Mapping[str, str] = dict(first.unsupported)  # as the model declares them
+        self._probed: dict[str, str | None] = {}  # capability -> why a try of it failed (None: it went through)
 
     def build(self, overrides: Overrides) -> Seq2SeqModel:
         """A fresh model with these config overrides (uncached, on the current default device)."""
@@ -71,10 +74,27 @@ class Subject:
                 self._models[key] = self.build(overrides).to(dtype)
         return self._models[key]
 
-    def lacks(self, *capabilities: str) -> str | None:
-        """The reason the model lacks one of these capabilities, or None if it has them all."""
-        missing = [f"{cap}: {self.unsupported[cap]}" for cap in capabilities if cap in self.unsupported]
-        return "; ".join(missing) or None
+    def fresh(self, overrides: Overrides = OWN_CONFIG) -> Seq2SeqModel:
+        """A float64 model at these overrides that a check may change: a copy of the cached one where there is one
+        (the 65M base model takes seconds to initialise, a tenth of that to copy), else built with the fixed init seed."""
+        cached = self._models.get((tuple(overrides.items()), torch.float64))
+        if cached is not None:
+            try:
+                return copy.deepcopy(cached)
+            except Exception:  # an adapter holding something that cannot be copied: build it afresh
+                pass
+        with seeded(INIT_SEED):
+            return self.build(overrides).double()
+
+    def lacks(self, *names: str) -> str | None:
+        """The reason the model lacks one of these capabilities, or None if it has them all: declared in `unsupported`,
+        else found by trying each once on the spec's own model (invariants/capabilities.py)."""
+        for cap in names:
+            if cap not in self.unsupported and cap not in self._probed:
+                self._probed[cap] = capabilities.missing(self.model(OWN_CONFIG), cap)
+        reasons = [f"{cap}: {self.unsupported.get(cap) or self._probed[cap]}" for cap in names
+                   if cap in self.unsupported or self._probed[cap]]
+        return "; ".join(reasons) or None
 
 
 def tokens(cfg: TransformerConfig, shape: tuple[int, ...], gen: torch.Generator, distinct: bool = False) -> Tensor:

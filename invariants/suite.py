@@ -5,7 +5,8 @@ import hypothesis
 from tqdm import tqdm
 
 from invariants import (
-    behaviour, causal, feedforward, objective, params, permutation, positional, residual, softmax, sublayer_dropout,
+    behaviour, block_order, causal, cross_attention, feedforward, objective, params, permutation, positional, residual,
+    softmax, sublayer_dropout,
 )
 from invariants.engine import Property, Result
 from invariants.subject import Factory, Subject
@@ -15,12 +16,16 @@ PROPERTIES: list[Property] = [
     permutation.permutation_encoder, permutation.permutation_cross_attention, permutation.permutation_positive_control,
     softmax.softmax_rows, softmax.padding_probs_zero, softmax.fully_padded_rows,
     positional.pe_relative_linearity, positional.pe_exact_values, positional.positions_distinguished,
+    positional.pe_unit_scale,
     params.params_base, params.params_table3, params.params_tied_embeddings,
     behaviour.padding_invariance, behaviour.batch_independence, behaviour.eval_determinism, behaviour.dropout_active,
     behaviour.fast_equals_explicit, behaviour.attention_scaling, behaviour.embedding_scaling,
     behaviour.gradients_reach_all,
     objective.loss_eps_zero_is_nll, objective.loss_smoothed_minimum, objective.loss_pad_normalisation,
-    residual.residual_paths, residual.layer_norm_outputs, sublayer_dropout.residual_dropout, feedforward.ffn_nonlinear,
+    residual.residual_paths, residual.layer_norm_outputs, block_order.post_ln_order, cross_attention.residual_own_input,
+    sublayer_dropout.residual_dropout, sublayer_dropout.dropout_every_sublayer,
+    feedforward.ffn_nonlinear,
+    cross_attention.source_reaches_logits,
 ]
 BY_NAME = {p.name: p for p in PROPERTIES}
 

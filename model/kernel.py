@@ -6,21 +6,24 @@ another order): a decoding step's few queries per row (in beam search one per be
 of width up to 8 (the CPU budget's models), forward and backward, where each head's product has only 8 terms. Beam
 search then moves cached rows between hypotheses: `reorder_rows` copies each moved row once. The label-smoothed loss
 (model/objective.py) passes over the vocabulary's logits fewer times with `smoothed_nll`. They are compiled with
-torch's C++ extension tools (a C++ compiler and ninja; about 30 s) on first use, and cached under $TORCH_EXTENSIONS_DIR
-or ~/.cache/torch_extensions, one build per CPU and torch installation. Without them, or with AIAYN_ATTENTION_KERNEL=0,
-everything runs through torch ops: the same results, slower.
+torch's C++ extension tools (a C++ compiler and ninja; 30-110 s on 2 cores) on first use, and cached under
+$TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions, one build per CPU and torch installation. Without them, or with
+AIAYN_ATTENTION_KERNEL=0, everything runs through torch ops: the same results, slower. Inside `without_building()` (the
+invariants hold it: their checks run in float64 on small batches, where the kernels save less than a build costs) a
+build already on disk is used and none is started.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import platform
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -76,23 +79,68 @@ def failure_line(error: Exception) -> str:
     return next((line for line in lines if "error:" in line), lines[0])[:200]  # "file:line:col: error: ..." (gcc, clang)
 
 
-@functools.cache
+_state: dict[str, object] = {}  # "module": the extension (None: it cannot be built); "on_disk": a build was found
+_holds = [0]  # open `without_building()` blocks
+
+
+def build_folder() -> Path:
+    """Where this CPU and torch installation's build lives (named by `build_tag`)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR", get_default_build_root())) / f"aiayn_attention_{build_tag()}"
+
+
+def built_on_disk(build: Path) -> bool:
+    """Whether the folder holds a library built from the current sources."""
+    built = build / f"{build.name}.so"
+    return built.exists() and built.stat().st_mtime >= max(f.stat().st_mtime for f in [*SOURCES, HEADER])
+
+
+@contextmanager
+def without_building() -> Iterator[None]:
+    """Inside the block `compiled()` loads a build already on disk but starts none: None instead (not remembered, so
+    that a later call outside the block may still build)."""
+    _holds[0] += 1
+    try:
+        yield
+    finally:
+        _holds[0] -= 1
+
+
+def forget() -> None:
+    """Forget what `compiled()` found, so that the next call looks again (tests)."""
+    _state.clear()
+
+
 def compiled() -> ModuleType | None:
-    """The built extension, or None (switched off, or it cannot be built here: said once, on stderr)."""
+    """The built extension, or None (switched off, held off by `without_building()` with no build on disk, or it
+    cannot be built here: said once, on stderr). Loaded, or built, once per process."""
     if os.environ.get(SWITCH, "1") == "0":
         return None
-    from torch.utils.cpp_extension import get_default_build_root, load
+    if "module" not in _state:
+        if _holds[0]:
+            if "on_disk" not in _state:  # a build in progress elsewhere (its lock) is not waited for either
+                build = build_folder()
+                _state["on_disk"] = built_on_disk(build) and not (build / "lock").exists()
+            if not _state["on_disk"]:
+                return None
+        _state["module"] = build_or_load()
+    return _state["module"]  # type: ignore[return-value]
 
-    name = f"aiayn_attention_{build_tag()}"
-    build = Path(os.environ.get("TORCH_EXTENSIONS_DIR", get_default_build_root())) / name
+
+def build_or_load() -> ModuleType | None:
+    """Load the extension, building it first when the sources are newer than the build; None where that fails."""
+    from torch.utils.cpp_extension import load
+
+    build = build_folder()
+    name = build.name
     try:
         build.mkdir(parents=True, exist_ok=True)
         wait_for_other_build(build / "lock")
         if shutil.which("ninja") is None:  # the pinned ninja sits beside this Python, not on PATH unless its venv is active
             os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        built = build / f"{name}.so"
-        if not built.exists() or built.stat().st_mtime < max(f.stat().st_mtime for f in [*SOURCES, HEADER]):
-            print("building the attention kernels (once per CPU and torch installation, ~30 s) ...", file=sys.stderr)
+        if not built_on_disk(build):
+            print("building the attention kernels (once per CPU and torch installation, 30-110 s) ...", file=sys.stderr)
         flags = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
         return load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=flags, build_directory=str(build), verbose=False)
     except Exception as error:  # no compiler, no ninja, a read-only cache: decoding still works through torch ops

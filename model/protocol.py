@@ -3,7 +3,8 @@
 An adapter is a torch.nn.Module (so .eval(), .train(), .double(), .parameters() work) with the methods
 below. Shapes: src (B, S) and tgt (B, T) are token ids; src_pad (B, S) and tgt_pad (B, T) are bool,
 True at padding. A capability the model lacks is named in `unsupported` with the reason, and the
-method for it raises NotImplementedError; checks that need it then report "not applicable".
+method for it raises NotImplementedError; checks that need it then report "not applicable" (as they do when
+the invariants find, by trying it, that a capability is missing although `unsupported` does not say so).
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ CAPABILITIES = {
     "attention_probs": "capturing attention probabilities (softmax and masking checks)",
     "positional_table": "reading the positional encoding table (PE checks)",
     "positional_switch": "switching the positional encoding off (permutation equivariance)",
+    "source_embeddings": "encode taking float source embeddings instead of ids (checks that feed chosen vectors in)",
+    "target_embeddings": "decode taking float target embeddings instead of ids (checks that feed chosen vectors in)",
 }
 
 

@@ -148,9 +148,9 @@ def test_beam_search_finds_the_same_hypotheses_with_and_without_the_kernel():
 @pytest.fixture
 def fresh_build(monkeypatch):
     """compiled() forgets its result before and after the test, so that other tests see the real build."""
-    kernel.compiled.cache_clear()
+    kernel.forget()
     yield monkeypatch
-    kernel.compiled.cache_clear()
+    kernel.forget()
 
 
 def test_a_kernel_that_cannot_be_built_leaves_attention_on_torch_ops_and_says_so_in_one_line(fresh_build, capsys, tmp_path):
@@ -176,6 +176,42 @@ def test_the_kernel_is_not_built_when_switched_off(fresh_build):
     fresh_build.setattr(torch.utils.cpp_extension, "load", lambda **_: pytest.fail("built although switched off"))
     assert kernel.compiled() is None
     assert not kernel.applies(*qkv(2, 2, 1, 5, 8, 8, torch.float32), torch.ones(1, 5, dtype=torch.bool))
+
+
+def test_without_building_no_build_starts_and_a_later_call_outside_the_block_still_builds(fresh_build, tmp_path):
+    import torch.utils.cpp_extension
+
+    loads = []
+    fresh_build.setattr(torch.utils.cpp_extension, "load", lambda **kwargs: loads.append(kwargs) or "built")
+    fresh_build.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # an empty build folder: nothing on disk
+    with kernel.without_building():
+        assert kernel.compiled() is None
+        assert not kernel.applies(*qkv(2, 2, 1, 5, 8, 8, torch.float32), torch.ones(1, 5, dtype=torch.bool))
+    assert loads == []
+    assert kernel.compiled() == "built" and len(loads) == 1
+
+
+def test_without_building_a_build_already_on_disk_is_loaded(fresh_build, tmp_path):
+    import torch.utils.cpp_extension
+
+    fresh_build.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = kernel.build_folder()
+    folder.mkdir(parents=True)
+    (folder / f"{folder.name}.so").write_text("")  # newer than the sources: an up-to-date build
+    fresh_build.setattr(torch.utils.cpp_extension, "load", lambda **kwargs: "loaded")
+    with kernel.without_building():
+        assert kernel.compiled() == "loaded"
+
+
+def test_the_invariants_never_start_a_build(fresh_build, tmp_path):
+    import torch.utils.cpp_extension
+
+    from invariants import gradients_reach_all
+
+    fresh_build.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    fresh_build.setattr(torch.utils.cpp_extension, "load", lambda **_: pytest.fail("the invariants started a build"))
+    # float32, narrow heads, gradients and the loss: every kernel would apply here
+    assert gradients_reach_all("reference,N=1,d_model=16,h=2,d_k=8,d_v=8,d_ff=32,vocab_size=50").verdict == "pass"
 
 
 @needs_kernel
@@ -211,7 +247,7 @@ def test_beam_search_finds_the_same_hypotheses_with_the_kernel_switched_off(fres
     src = torch.randint(4, 60, (6, 7))
     with_kernel = beam_search(model, src, src.eq(PAD), beam=4, extra_len=15)
     fresh_build.setenv(kernel.SWITCH, "0")
-    kernel.compiled.cache_clear()
+    kernel.forget()
     assert kernel.compiled() is None  # attention and the cache's reorder both through torch ops now
     assert beam_search(model, src, src.eq(PAD), beam=4, extra_len=15) == with_kernel
 

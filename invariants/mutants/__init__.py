@@ -6,11 +6,12 @@ Each registers itself with `@register_mutant` on its broken part and is a model 
 have happened in real code; the rest are near misses, plausible bugs a person writes that a property must catch
 (not the property's exact negation), at least one per property. `caught_by` names the properties that must fail
 on the mutant (tests/test_mutants.py asserts it; the kill matrices in reports/invariants, at a small and at the
-base config, show all). They live by the part they break: attention, embeddings, stack.
+base config, show all). They live by the part they break: attention, embeddings, stack, blocks.
 """
 from __future__ import annotations
 
 from invariants.mutants import attention, embeddings, stack  # noqa: F401  (registering them fills MUTANTS, in this order)
+from invariants.mutants import blocks  # noqa: F401  (then the block wiring's)
 from invariants.mutants.registry import MUTANTS, Mutant, register_mutant
 from model.config import TransformerConfig
 from model.registry import register_model

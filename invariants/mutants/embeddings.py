@@ -6,7 +6,7 @@ from torch import Tensor, nn
 
 from invariants.mutants.registry import register_mutant
 from model.config import TransformerConfig
-from model.layers import PositionalEncoding, sinusoidal_table
+from model.layers import PositionalEncoding, embedding_scale, sinusoidal_table
 from model.transformer import Parts, Transformer
 
 
@@ -112,3 +112,26 @@ class DecoderWithoutPositions(Transformer):
     def decode(self, tgt, memory, src_pad, tgt_pad, cache=None):
         with self.pe.switched(False):
             return super().decode(tgt, memory, src_pad, tgt_pad, cache)
+
+
+@register_mutant("no_embedding_dropout", bug="no dropout on the sums of the embeddings and the positional encodings",
+                 caught_by=("residual_dropout",), known_bug=False)
+class NoEmbeddingDropout(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        self.dropout = nn.Identity()
+
+
+class ScaledPositions(PositionalEncoding):
+    """x + sqrt(d_model) * PE: on ids, (E[ids] + PE) * sqrt(d_model), the positions added before the embedding scale."""
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        return x + (super().forward(x, offset) - x) * embedding_scale(x.size(-1))
+
+
+@register_mutant("pe_scaled_with_embeddings", bug="positional encoding scaled with the embeddings: (E + PE) * sqrt(d_model)",
+                 caught_by=("pe_unit_scale",), known_bug=False)
+class PositionsScaledWithEmbeddings(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        self.pe = ScaledPositions(cfg, parts.position_table)

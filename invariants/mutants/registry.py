@@ -20,7 +20,7 @@ class Mutant:
     model: type[Transformer] = Transformer  # a subclass that overrides one step, for bugs no Parts seam reaches
 
 
-MUTANTS: dict[str, Mutant] = {}  # filled by @register_mutant in attention.py, embeddings.py, stack.py, in that order
+MUTANTS: dict[str, Mutant] = {}  # filled by @register_mutant in attention.py, embeddings.py, stack.py, blocks.py
 
 
 def register_mutant(name: str, bug: str, caught_by: tuple[str, ...], part: str | None = None,
