@@ -254,6 +254,12 @@ def output_path(option: str) -> Path:
     return out
 
 
+def shown_args(argv: list[str]) -> str:
+    """The command line as a report shows it: an absolute path relative to the working directory, so that committed
+    reports carry no machine's folders."""
+    return " ".join(os.path.relpath(a) if os.path.isabs(a) else a for a in argv)
+
+
 def machine() -> dict:
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__, "commit": git_commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -364,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     built = kernel.compiled() is not None  # built now (on first use), so that no timed search includes the build
     meta = {**machine(), "attention_kernel": "in use" if built else f"not built (torch ops; see stderr, or {kernel.SWITCH})",
             "load_before": os.getloadavg()[0], "clock": args.clock, "preset": args.preset, "vocab": args.vocab,
-            "batch_tokens": args.batch_tokens, "warmup": args.warmup, "decode_length": args.decode_length, "extra": args.extra, "args": " ".join(argv if argv is not None else sys.argv[1:])}
+            "batch_tokens": args.batch_tokens, "warmup": args.warmup, "decode_length": args.decode_length, "extra": args.extra, "args": shown_args(argv if argv is not None else sys.argv[1:])}
     training, decoding, skipped, threads = [], [], [], {}
     for size in chosen:
         cfg = sizes[size]

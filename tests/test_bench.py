@@ -1,5 +1,6 @@
 """The benchmark runs end to end and writes its report (speed itself is measured by `nox -s bench`, not asserted)."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -148,3 +149,8 @@ def test_an_output_path_it_cannot_write_is_a_one_line_error_before_any_measuring
     assert err.startswith(f"error: --out {blocker}: cannot write there ({blocker} is not a writable folder)")
     assert err.count("\n") == 1
     assert not (tmp_path / "runs").exists()  # nothing read or cached: it stopped before the data
+
+
+def test_a_reports_command_line_shows_absolute_paths_relative_to_the_working_directory():
+    from ablations.bench import shown_args
+    assert shown_args(["--runs", str(Path.cwd().parent / "runs"), "--sizes", "scaled"]) == "--runs ../runs --sizes scaled"
