@@ -19,6 +19,7 @@ from invariants.engine import ERROR, FAIL, NOT_APPLICABLE
 from invariants.mutants import MUTANTS
 from invariants.subject import OWN_CONFIG, Overrides
 from invariants.suite import PROPERTIES, run_suite
+from model.files import write_atomic
 from model.provenance import git_commit
 from model.registry import ModelSpec, format_config_overrides
 
@@ -102,6 +103,6 @@ def markdown(kill: dict[str, Any]) -> str:
 def write(kill: dict[str, Any], out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "kill_matrix.json", out / "kill_matrix.md"
-    report.write_whole(json_path, json.dumps(kill, indent=1) + "\n")
-    report.write_whole(md_path, markdown(kill))
+    write_atomic(json_path, json.dumps(kill, indent=1) + "\n")
+    write_atomic(md_path, markdown(kill))
     return json_path, md_path

@@ -3,7 +3,7 @@
 The loss checks call the model's own `loss` (built with the eps_ls under test) on synthetic logits in
 float64, so they are cheap and use small configs. The learning-rate schedule of eq. (3) belongs to the
 harness, not the model (the ablation runner trains every model with `model.objective.learning_rate`),
-so it is checked by the harness's own tests (tests/test_invariants.py), not reported as a model's verdict.
+so it is checked by the harness's own tests (tests/invariants/test_verdicts.py), not reported as a model's verdict.
 """
 from __future__ import annotations
 

@@ -1,21 +1,9 @@
-"""Invariant 4: the positional encoding of section 3.5 reaches both stacks; its sinusoids, by algebra and values.
+"""Invariant 4: the positional encoding of section 3.5 reaches both stacks, and its sinusoids are the paper's, by
+algebra (PE(p + k) linear in PE(p), in any column layout) and by value (sin and cos interleaved).
 
-`positions_distinguished` needs no access to the table: without positional information in its input, attention
-over a sequence of one repeated token averages identical values at every position (the decoder's causal prefix
-too), so every position computes the same output; the encoding added "to the input embeddings at the bottoms of
-the encoder and decoder stacks" makes them differ. Schemes that only reweight attention (relative biases, RoPE,
-ALiBi) average the same identical values, so they fail it: they are not the paper's encoding.
-
-Two properties, kept apart because they fail for different reasons. `pe_relative_linearity` is the paper's
-stated reason for sinusoids: PE(p + k) is a linear function of PE(p), whatever order the sin and cos columns
-are stored in; it is fitted by least squares over clearly more positions than dimensions, so that no table
-passes by having too few rows to disagree with a linear map. `pe_exact_values` is the paper's exact table,
-sin and cos interleaved; a table in another layout fails it with a reason that says "layout".
-
-Whether a table is sinusoidal at all is measured, not read from the config (factories are handed
-pe='sinusoidal' whatever they build): every column of a sinusoidal table obeys x(p+1) + x(p-1) = 2 cos(w) x(p)
-for its own w. A table whose columns mostly do not (a learned one) makes both checks not applicable, with
-the measured residuals in the reason.
+The two sinusoid checks are kept apart because they fail for different reasons; whether a table is sinusoidal at all
+is measured, not read from the config, and a learned table makes them not applicable. docs/invariants.md, "The
+positional checks", says why each check is built as it is.
 """
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ import torch
 from tabulate import tabulate
 
 from invariants.engine import ERROR, FAIL, NOT_APPLICABLE, PASS, VERDICTS, Result
+from model.files import write_atomic
 from model.provenance import git_commit
 
 MARK = {PASS: "pass", FAIL: "FAIL", NOT_APPLICABLE: "n/a", ERROR: "ERROR"}
@@ -114,17 +115,10 @@ def writable_folder(folder: Path, flag: str = "--out") -> Path:
     return folder
 
 
-def write_whole(path: Path, text: str) -> None:
-    """Write text to path whole or not at all: a stop mid-write never leaves half a report for a later run to read."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    partial.replace(path)
-
-
 def write(doc: dict[str, Any], out: Path) -> tuple[Path, Path]:
-    """Write <out>/<slug>.json and .md; returns their paths."""
+    """Write <out>/<slug>.json and .md, each whole or not at all (a resumed kill matrix reads them); their paths."""
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / f"{slug(doc['model'])}.json", out / f"{slug(doc['model'])}.md"
-    write_whole(json_path, json.dumps(doc, indent=1) + "\n")
-    write_whole(md_path, markdown(doc))
+    write_atomic(json_path, json.dumps(doc, indent=1) + "\n")
+    write_atomic(md_path, markdown(doc))
     return json_path, md_path

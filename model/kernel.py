@@ -1,16 +1,10 @@
-"""The reference's CPU kernels (model/*_kernel.cpp: attention, narrow, reorder, loss), built on first use.
+"""The reference's CPU kernels (model/*_kernel.cpp), compiled on first use: attention for a decoding step's few
+queries and for heads up to 8 wide, beam search's cache reorder, and the label-smoothed loss.
 
-torch's batched matmul and softmax are slow on the CPU for the small products of two cases, so `model.attention.attend`
-hands them to `attention`, which computes the same function as its explicit path (float rounding aside: its sums run in
-another order): a decoding step's few queries per row (in beam search one per beam) over every cached key, and heads
-of width up to 8 (the CPU budget's models), forward and backward, where each head's product has only 8 terms. Beam
-search then moves cached rows between hypotheses: `reorder_rows` copies each moved row once. The label-smoothed loss
-(model/objective.py) passes over the vocabulary's logits fewer times with `smoothed_nll`. They are compiled with
-torch's C++ extension tools (a C++ compiler and ninja; 30-110 s on 2 cores) on first use, and cached under
-$TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions, one build per CPU and torch installation. Without them, or with
-AIAYN_ATTENTION_KERNEL=0, everything runs through torch ops: the same results, slower. Inside `without_building()` (the
-invariants hold it: their checks run in float64 on small batches, where the kernels save less than a build costs) a
-build already on disk is used and none is started.
+torch's batched matmul and softmax are slow on the CPU for such small products; each kernel computes what its torch-ops
+path computes (sums in another order). Without a build, or with AIAYN_ATTENTION_KERNEL=0, the torch ops run instead:
+the same results, slower. Inside `without_building()` (the invariants hold it) a build on disk is used and none is
+started. How they work and what they save: docs/benchmark.md, "The CPU kernels".
 """
 from __future__ import annotations
 
@@ -31,14 +25,14 @@ from torch import Tensor
 SOURCES = [Path(__file__).with_name(f"{name}_kernel.cpp") for name in ("attention", "narrow", "reorder", "loss")]
 HEADER = Path(__file__).with_name("kernels.h")
 SWITCH = "AIAYN_ATTENTION_KERNEL"  # "0": never build or use the kernels
-MAX_QUERIES = 8  # per row and head: a decoding step of beam search with up to 8 beams (measured faster up to 16)
+MAX_QUERIES = 8  # per row and head: a decoding step of beam search with up to 8 beams
 MAX_WIDTH = 256  # d_k, d_v: the kernel's fixed-size buffers
-NARROW = 8  # d_k, d_v up to this (one register of 8 lanes) take the kernel for any number of queries: 2x torch ops at 8
+NARROW = 8  # d_k, d_v up to this (one register of 8 lanes) take the kernel for any number of queries
 PROFILER_NAME = "aiayn::few_query_attention"
 NARROW_PROFILER_NAME = "aiayn::narrow_head_attention"
 LOSS_PROFILER_NAME = "aiayn::smoothed_nll"
 REORDER_PROFILER_NAME = "aiayn::reorder_rows"
-STALE_LOCK_S = 300  # a build takes 30-60 s on 2 cores; a lock this old was left by a stopped build
+STALE_LOCK_S = 300  # well above a build's time (docs/benchmark.md); a lock this old was left by a stopped build
 
 
 def build_tag() -> str:

@@ -1,4 +1,5 @@
-"""The README is a short front door, every link in it and in docs/ leads somewhere, and the generated blocks are current."""
+"""The README is a short front door, every link and test file named in it and in docs/ leads somewhere, and the
+generated blocks are current."""
 from __future__ import annotations
 
 import re
@@ -8,10 +9,11 @@ import pytest
 
 from invariants.suite import PROPERTIES
 from reports import glance
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
+TEST_FILE = re.compile(r"\btests/[\w/]+\.py\b")  # a test file named in prose, such as tests/model/test_kernel.py
 
 
 def prose(page: Path) -> str:
@@ -37,8 +39,9 @@ def test_readme_is_under_150_lines():
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
-def test_every_relative_link_resolves_to_a_file_and_heading(page):
-    broken = []
+def test_every_relative_link_and_named_test_file_resolves(page):
+    text = page.read_text()
+    broken = [f"{name}: no such test file" for name in TEST_FILE.findall(text) if not (REPO / name).is_file()]
     for target in relative_links(page):
         path, _, anchor = target.partition("#")
         file = (page.parent / path).resolve() if path else page

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
+
 PACKAGES = ("model", "invariants", "ablations", "reports")
 FORBIDDEN = {"model": {"invariants", "ablations", "reports"}, "invariants": {"ablations", "reports"}}
 # A string naming a module of another package, as an import path would: "invariants.mutants:build", "reports.figures".

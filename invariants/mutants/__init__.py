@@ -5,8 +5,8 @@ Each registers itself with `@register_mutant` on its broken part and is a model 
 `nox -s invariants -- --model mutant:no_causal_mask` shows a check failing. Fourteen (`known_bug`) are bugs that
 have happened in real code; the rest are near misses, plausible bugs a person writes that a property must catch
 (not the property's exact negation), at least one per property. `caught_by` names the properties that must fail
-on the mutant (tests/test_mutants.py asserts it; the kill matrices in reports/invariants, at a small and at the
-base config, show all). They live by the part they break: attention, embeddings, stack, blocks.
+on the mutant (tests/invariants/test_mutants.py asserts it; the kill matrices in reports/invariants, at a small and
+at the base config, show all). They live by the part they break: attention, embeddings, stack, blocks.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from ablations import options
 from ablations.__main__ import main
 from ablations.options import parse_seeds
 from model import files
-from tests.cli_runs import needs_data
+from tests.helpers import needs_data
 
 pytestmark = needs_data
 
@@ -47,8 +47,8 @@ BAD = [
     (["--rows", "Z9"], r"unknown row 'Z9'; valid rows: all, base"),
     (["--model", "reference,N=1"], r"--model reference,N=1: the grid sets N per Table 3 row"),
     (["--model", "reference:big"], r"--model reference:big: the grid builds each row's own config, so the preset :big"),
-    (["--model", "tests.test_runner_flags:model_without_groups"],
-     r"--model tests\.test_runner_flags:model_without_groups: parameter_groups\(\) raised KeyError: 'encoder'"),
+    (["--model", "tests.ablations.test_runner_flags:model_without_groups"],
+     r"--model tests\.ablations\.test_runner_flags:model_without_groups: parameter_groups\(\) raised KeyError: 'encoder'"),
 ]
 
 

@@ -15,8 +15,7 @@ from ablations.data import DataError, read_lines
 from ablations.train import ForeignCheckpoint, check_belongs, make_optimizer, read_checkpoint, save_checkpoint, TrainState
 from model import Transformer, TransformerConfig
 from reports.inputs import budget_folders, load_budget
-from tests.cli_runs import logged, needs_data, result, runs_folder, smoke_cache
-from tests.test_ablations_grid import single_thread  # noqa: F401 (a fixture)
+from tests.helpers import logged, needs_data, result, runs_folder, smoke_cache
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 DAMAGE = {

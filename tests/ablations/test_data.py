@@ -9,7 +9,7 @@ from ablations.batching import BatchStream, bucketed_batches, make_batch
 from ablations.bpe import BOS, EOS, PAD, shared_bpe
 from ablations.budgets import BUDGETS, row_config, row_lr_peak, select_rows
 from ablations.data import DataError, Pairs, data_dir, load_corpus, normalise, read_lines, read_pairs, shuffled
-from tests.cli_runs import REAL_DATA, needs_data
+from tests.helpers import REAL_DATA, needs_data
 
 
 

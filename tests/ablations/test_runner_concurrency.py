@@ -20,8 +20,7 @@ import torch
 from ablations import runs as R
 from ablations.__main__ import main
 from ablations.train import make_optimizer
-from tests.cli_runs import DEV_PAIRS, logged, needs_data, result, runs_folder, smoke_cache
-from tests.test_ablations_grid import single_thread  # noqa: F401 (a fixture)
+from tests.helpers import DEV_PAIRS, logged, needs_data, result, runs_folder, smoke_cache
 
 pytestmark = [needs_data, pytest.mark.usefixtures("single_thread")]
 ROWS = ["D1", "D2", "D3", "D4"]  # four runs of base's size; two steps: the least training that logs, checkpoints, scores

@@ -22,6 +22,7 @@ from model import SpecError, Transformer
 from model.adapters.torch_nn import TorchTransformer
 from model.objective import learning_rate
 from model.transformer import Parts
+from tests.helpers import few
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # torch.nn's nested-tensor notes
 SMALL = "N=1,d_model=16,h=2,d_k=8,d_v=8,d_ff=32,vocab_size=50"
@@ -29,16 +30,12 @@ SMALL = "N=1,d_model=16,h=2,d_k=8,d_v=8,d_ff=32,vocab_size=50"
 EXAMPLES = 50 if os.environ.get("HYPOTHESIS_PROFILE") == "thorough" else 3
 
 
-def few() -> settings:
-    return settings(settings.default, max_examples=EXAMPLES)
-
-
 def verdicts(results) -> dict[str, str]:
     return {r.name: r.verdict for r in results}
 
 
 def test_reference_model_passes_every_invariant():
-    results = run_suite(f"reference,{SMALL}", settings=few())
+    results = run_suite(f"reference,{SMALL}", settings=few(EXAMPLES))
     failed = [f"{r.name}: {r.reason}" for r in results if r.verdict != PASS]
     assert not failed, failed
 
@@ -48,7 +45,7 @@ def test_torch_nn_transformer_gets_its_documented_verdicts():
     # rows B1/B2 unbuildable, and a fully padded source or target row gives NaN logits and gradients when attention
     # weights are requested.
     # A user observes these NaNs (in the loss's gradients), so they are judged, unlike the dead rows' own values.
-    results = run_suite(f"torch-nn,{SMALL}", settings=few())
+    results = run_suite(f"torch-nn,{SMALL}", settings=few(EXAMPLES))
     expected = {r.name: PASS for r in results}
     expected.update(cached_decoding=NOT_APPLICABLE, fully_padded_rows=FAIL)
     assert verdicts(results) == expected
@@ -65,11 +62,11 @@ def test_torch_nn_keeps_fully_padded_rows_finite_when_no_attention_weights_are_r
         model.unsupported = {**model.unsupported, "attention_probs": "not requested in this test"}
         return model
 
-    assert fully_padded_rows(without_capture, settings=few()).verdict == PASS
+    assert fully_padded_rows(without_capture, settings=few(EXAMPLES)).verdict == PASS
 
 
 def test_learned_positional_encoding_is_measured_not_sinusoidal_with_a_fit_over_more_positions_than_dimensions():
-    result = pe_relative_linearity(f"reference,{SMALL},pe=learned", settings=few())
+    result = pe_relative_linearity(f"reference,{SMALL},pe=learned", settings=few(EXAMPLES))
     assert result.verdict == NOT_APPLICABLE
     assert "not sinusoidal" in result.reason and "fitted over 1023 positions > 16 dimensions" in result.reason
 
@@ -80,7 +77,7 @@ def test_a_sinusoidal_table_is_judged_even_when_the_config_says_learned():
         model.config = model.config.replace(pe="learned")
         return model
 
-    assert pe_exact_values(sinusoidal_but_says_learned, settings=few()).verdict == PASS
+    assert pe_exact_values(sinusoidal_but_says_learned, settings=few(EXAMPLES)).verdict == PASS
 
 
 def annotated_float32_table(positions: int, d_model: int) -> torch.Tensor:
@@ -97,13 +94,13 @@ def test_a_sinusoid_table_computed_in_float32_passes_the_pe_checks():
         return Transformer(config, Parts(position_table=annotated_float32_table))
 
     for prop in (pe_exact_values, pe_relative_linearity):
-        assert prop(annotated, settings=few()).verdict == PASS, prop.__name__
+        assert prop(annotated, settings=few(EXAMPLES)).verdict == PASS, prop.__name__
 
 
 def test_no_positional_encoding_makes_the_pe_checks_not_applicable():
     subject = Subject(f"reference,{SMALL},pe=none")
     for prop in (pe_exact_values, permutation_positive_control):
-        result = prop(subject, settings=few())
+        result = prop(subject, settings=few(EXAMPLES))
         assert (result.verdict, result.reason) == (NOT_APPLICABLE, "positional_table: pe='none'")
 
 
@@ -113,19 +110,22 @@ def test_a_capability_the_model_lacks_is_not_applicable_never_a_silent_pass():
         model.unsupported = {"attention_probs": "fused kernel only"}
         return model
 
-    result = causal_future_probs(fused_only, settings=few())
+    result = causal_future_probs(fused_only, settings=few(EXAMPLES))
     assert (result.verdict, result.reason, result.examples) == (NOT_APPLICABLE, "attention_probs: fused kernel only", 0)
 
 
 def test_ffn_check_is_not_applicable_where_normalisation_alone_could_fill_d_model():
-    result = ffn_nonlinear("reference,N=2,d_model=8,h=2,d_k=4,d_v=4,d_ff=32,vocab_size=50", settings=few())
+    result = ffn_nonlinear("reference,N=2,d_model=8,h=2,d_k=4,d_v=4,d_ff=32,vocab_size=50", settings=few(EXAMPLES))
     assert result.verdict == NOT_APPLICABLE and "leaves no room above 10 affine dimensions" in result.reason
 
 
 def test_a_stack_linear_between_its_normalisations_stays_within_the_bound():
     """The bound ffn_nonlinear uses: four LayerNorm(affine(x)) steps lift a plane to at most 2 + 4 affine dimensions."""
     gen = torch.Generator().manual_seed(0)
-    draw = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
     rows = draw(64, 2) @ draw(2, 16)
     for _ in range(4):  # two encoder layers without activations, two normalisations each
         rows = torch.nn.functional.layer_norm(rows @ draw(16, 16) + draw(16), (16,))
@@ -152,8 +152,11 @@ def fairseq_smoothed(logits, target, pad_id, eps):
 
 @pytest.mark.parametrize("loss", [kl_to_smoothed, fairseq_smoothed])
 def test_label_smoothing_in_each_common_convention_passes_the_loss_checks(loss):
-    factory = lambda cfg: Transformer(cfg, Parts(loss=loss))
-    results = [check(factory, settings=few()) for check in (loss_smoothed_minimum, loss_eps_zero_is_nll, loss_pad_normalisation)]
+
+    def factory(cfg):
+        return Transformer(cfg, Parts(loss=loss))
+
+    results = [check(factory, settings=few(EXAMPLES)) for check in (loss_smoothed_minimum, loss_eps_zero_is_nll, loss_pad_normalisation)]
     assert [r.verdict for r in results] == [PASS] * 3, [r.reason for r in results]
 
 
@@ -170,11 +173,11 @@ def test_zeroing_the_sublayers_keeps_the_layer_norms():
     norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
     linears = [m for m in [*model.encoder.modules(), *model.decoder.modules()] if isinstance(m, torch.nn.Linear)]
     assert norms and all((n.weight == 1).all() for n in norms)
-    assert linears and all(not l.weight.any() and not l.bias.any() for l in linears)
+    assert linears and all(not lin.weight.any() and not lin.bias.any() for lin in linears)
 
 
 def test_dropout_check_is_not_applicable_without_dropout():
-    result = dropout_active(f"reference,{SMALL},P_drop=0.0", settings=few())
+    result = dropout_active(f"reference,{SMALL},P_drop=0.0", settings=few(EXAMPLES))
     assert result.verdict == NOT_APPLICABLE and "P_drop=0.0" in result.reason
 
 
@@ -210,7 +213,7 @@ def test_a_model_that_builds_no_table3_row_is_not_applicable_for_table3():
             raise SpecError(f"only the 37000-token vocabulary, not {config.vocab_size}")
         return small_factory(config)
 
-    result = params_table3(only_small, settings=few())
+    result = params_table3(only_small, settings=few(EXAMPLES))
     assert result.verdict == NOT_APPLICABLE and "builds no Table 3 row" in result.reason
 
 
@@ -245,7 +248,7 @@ def small_factory(config):
 
 
 def test_the_suite_runs_on_a_model_factory_as_well_as_a_spec():
-    assert causal_future_probs(small_factory, settings=few()).verdict == PASS
+    assert causal_future_probs(small_factory, settings=few(EXAMPLES)).verdict == PASS
 
 
 def test_models_are_built_with_a_fixed_seed_so_runs_repeat():

@@ -13,7 +13,7 @@ from ablations.data import data_dir
 from ablations.evaluate import perplexity
 from ablations.grid import prepare_data
 from model import ModelSpec, TransformerConfig, load_model
-from tests.cli_runs import needs_data
+from tests.helpers import needs_data
 
 
 def smoke_run(runs: Path) -> tuple[Path, torch.nn.Module, list, list]:

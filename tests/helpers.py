@@ -1,8 +1,10 @@
-"""Helpers for tests that run `python -m ablations` (or torchrun) as real processes on the smoke budget.
+"""What several test modules share: the repository's root, the data folder and its skip mark, hypothesis settings
+for a few examples, and helpers for tests that run `python -m ablations` (or torchrun) as real processes on the
+smoke budget. Fixtures live beside it in conftest.py.
 
-The BPE of the smoke budget is trained once per test session and copied into each test's runs folder,
-so that every process finds it cached. One thread per process: the runs are bitwise reproducible
-on CPU with a fixed thread count, and the two cores of CI are shared by the processes of a test.
+The smoke budget's BPE is trained once per module that needs it (`smoke_cache`) and copied into each test's runs
+folder, so that every process finds it cached. One thread per process: the runs are bitwise reproducible on CPU
+with a fixed thread count, and the two cores of CI are shared by the processes of a test.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from ablations import runs as R
 from ablations.budgets import BUDGETS
@@ -27,6 +30,11 @@ needs_data = pytest.mark.skipif(not REAL_DATA.is_dir(), reason=NO_DATA)
 # Training steps of the CLI tests: logs at 4, 8, 12, checkpoints at 8 and 12, dev perplexity at 12 (smoke budget).
 STEPS = 12
 DEV_PAIRS = 20  # scored for PPL and BLEU: beam search over the budget's 100 would take most of a test's time
+
+
+def few(examples: int = 3) -> settings:
+    """Hypothesis settings that draw `examples` cases: enough to run a property on a small model, not to search it."""
+    return settings(settings.default, max_examples=examples)
 
 
 def environment() -> dict[str, str]:

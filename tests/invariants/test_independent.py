@@ -20,7 +20,7 @@ from invariants.engine import PASS
 from model.attention import AttentionRecord, KVCache
 
 # A spec like any user's: the class is the factory, the spec's own config is small (CI), drawn configs are smaller.
-SPEC = "tests.test_invariants_independent:Independent,N=2,d_model=32,h=4,d_k=8,d_v=8,d_ff=64,vocab_size=60"
+SPEC = "tests.invariants.test_independent:Independent,N=2,d_model=32,h=4,d_k=8,d_v=8,d_ff=64,vocab_size=60"
 
 
 class Attention(nn.Module):

@@ -12,7 +12,7 @@ from ablations.decoding import beam_search
 from ablations.throughput import choose_threads
 from model import Transformer, TransformerConfig, kernel
 from model.attention import KVCache
-from tests.cli_runs import needs_data
+from tests.helpers import needs_data
 
 TINY = "N=1,d_model=32,d_ff=64,h=2,d_k=16,d_v=16,vocab_size=1000"
 

@@ -22,12 +22,11 @@ from ablations.__main__ import main
 from ablations.stopping import stops_cleanly
 from ablations.train import make_optimizer, read_checkpoint
 from model import Transformer, files
-from tests.cli_runs import logged, needs_data, result, runs_folder, smoke_cache
-from tests.test_ablations_grid import single_thread  # noqa: F401 (a fixture)
+from tests.helpers import logged, needs_data, result, runs_folder, smoke_cache
 
 pytestmark = [needs_data, pytest.mark.usefixtures("single_thread")]
 FORK = multiprocessing.get_context("fork")
-SPEC = "tests.test_runner_stops:signalling_model"
+SPEC = "tests.ablations.test_runner_stops:signalling_model"
 SIGNAL_AT: dict[str, int] = {}  # set in a forked child: {"signum": ..., "step": ...}; empty: no signal
 
 
@@ -196,7 +195,7 @@ def test_a_failure_that_cannot_be_recorded_on_a_full_disk_is_one_line(tmp_path, 
     failing_writer(monkeypatch, errno.ENOSPC, R.ATTEMPTS)
     # The model builds for the check before the grid (the base row) and fails in row D2 only.
     assert main(["run", "--budget", "smoke", "--rows", "D2", "--steps", "2", "--dev-pairs", "4", "--device", "cpu",
-                 "--runs", str(runs), "--model", "tests.test_runner_stops:fails_in_d2"]) == 1
+                 "--runs", str(runs), "--model", "tests.ablations.test_runner_stops:fails_in_d2"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert re.fullmatch(r"error: cannot write \S+/D2-s1-\w+/attempts\.json: No space left on device \(ENOSPC\); .*",

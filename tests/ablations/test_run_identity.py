@@ -14,8 +14,8 @@ from ablations import runs as R
 from ablations.budgets import BUDGETS, Budget, select_rows
 from ablations.grid import Grid, plan_run
 from model.registry import parse_spec
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 COMMITTED = R.run_folders(REPO / "reports" / "results")  # cpu-xavier's were recorded under budget cpu, before init
 
 SMOKE_BPE = "6896cc7c67a06d43"  # the key of the smoke budget's BPE (the committed smoke grid's, and a fresh one's)

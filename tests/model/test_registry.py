@@ -3,7 +3,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ import torch
 from model import ModelSpec, SpecError, TransformerConfig, load_model, parse_spec
 from model.adapters.torch_nn import TorchTransformer
 from model.protocol import Seq2SeqModel
+from tests.helpers import REPO
 
 SMALL = "N=1,d_model=16,d_ff=32,h=2,d_k=8,d_v=8,vocab_size=40"
 
@@ -120,7 +120,7 @@ def test_info_bad_spec_exits_2_with_one_line():
 
 
 def test_documented_worked_adapter_loads_and_runs(tmp_path):
-    page = (Path(__file__).parents[1] / "docs" / "plugging-in.md").read_text()
+    page = (REPO / "docs" / "plugging-in.md").read_text()
     example = next(block for block in page.split("```python")[1:] if "def make(" in block).split("```")[0]
     (tmp_path / "mine.py").write_text(example)
     model = load_model(f"{tmp_path / 'mine.py'}:make,{SMALL}").eval()

@@ -2,19 +2,15 @@
 from the paper's, a missing dropout site from a present one, and dropout inside a sub-layer from dropout on its output."""
 import pytest
 import torch
-from hypothesis import settings
 
 from invariants import dropout_every_sublayer, layer_norm_outputs, post_ln_order, residual_dropout
 from invariants.engine import FAIL, PASS
 from invariants.subject import Subject
 from invariants.sublayer_dropout import along_u, proportional_sublayers, signs
+from tests.helpers import few
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 SMALL = "N=2,d_model=16,h=2,d_k=8,d_v=8,d_ff=32,vocab_size=50"
-
-
-def few() -> settings:
-    return settings(settings.default, max_examples=3)
 
 
 def test_a_pre_ln_stack_ending_in_a_layer_norm_passes_layer_norm_outputs_but_fails_post_ln_order():

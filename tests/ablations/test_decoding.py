@@ -8,9 +8,8 @@ import torch
 from ablations.bpe import BOS, EOS, PAD
 from ablations.decoding import beam_search, length_penalty, translate
 from model import Transformer, TransformerConfig
-from tests.test_ablations_grid import single_thread  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.usefixtures("single_thread")  # see tests/test_ablations_grid.py
+pytestmark = pytest.mark.usefixtures("single_thread")  # see tests/conftest.py
 TINY = TransformerConfig(N=2, d_model=32, d_ff=64, h=4, d_k=8, d_v=8, vocab_size=40, max_len=64, P_drop=0.0)
 A, B = 4, 5  # token ids of the scripted model below
 

@@ -4,19 +4,15 @@ import sys
 
 import pytest
 import torch
-from hypothesis import settings
 
 from invariants import pe_exact_values, pe_relative_linearity, run_suite
 from invariants.engine import FAIL, NOT_APPLICABLE, PASS
 from model import SpecError, load_model
+from tests.helpers import few
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 SMALL = "N=2,d_model=32,h=4,d_k=8,d_v=8,d_ff=64,vocab_size=60"
-
-
-def few() -> settings:
-    return settings(settings.default, max_examples=2)
 
 
 def not_passed(results) -> dict[str, str]:
@@ -24,14 +20,14 @@ def not_passed(results) -> dict[str, str]:
 
 
 def test_hf_marian_passes_every_property_but_the_papers_interleaved_layout():
-    results = run_suite(f"hf-marian,{SMALL}", settings=few())
+    results = run_suite(f"hf-marian,{SMALL}", settings=few(2))
     assert not_passed(results) == {"pe_exact_values": FAIL}
     layout = next(r for r in results if r.name == "pe_exact_values")
     assert "layout" in layout.reason and "concatenated" in layout.reason
 
 
 def test_hf_bart_passes_every_property_and_its_learned_positions_are_measured_not_sinusoidal():
-    results = run_suite(f"hf-bart,{SMALL}", settings=few())
+    results = run_suite(f"hf-bart,{SMALL}", settings=few(2))
     assert not_passed(results) == {"pe_relative_linearity": NOT_APPLICABLE, "pe_exact_values": NOT_APPLICABLE}
     reason = next(r.reason for r in results if r.name == "pe_relative_linearity")
     assert "not sinusoidal" in reason and "fitted over 1023 positions > 32 dimensions" in reason
@@ -45,8 +41,8 @@ def test_a_model_saved_with_save_pretrained_loads_as_hf_path(tmp_path):
     src, tgt = torch.randint(1, 60, (2, 5)), torch.randint(1, 60, (2, 4))
     pads = torch.zeros(2, 5, dtype=torch.bool), torch.zeros(2, 4, dtype=torch.bool)
     assert torch.equal(loaded(src, tgt, *pads), original.eval()(src, tgt, *pads))
-    assert pe_relative_linearity(f"hf:{tmp_path}", settings=few()).verdict == PASS
-    assert pe_exact_values(f"hf:{tmp_path}", settings=few()).verdict == FAIL
+    assert pe_relative_linearity(f"hf:{tmp_path}", settings=few(2)).verdict == PASS
+    assert pe_exact_values(f"hf:{tmp_path}", settings=few(2)).verdict == FAIL
 
 
 @pytest.mark.parametrize("spec, message", [

@@ -7,7 +7,7 @@ import torch
 
 from ablations import runs as R
 from ablations.distributed import SINGLE, Ranks, check_accumulation, from_environment, shard, step_seed
-from tests.cli_runs import logged, needs_data, only_run, result, run_ablations, runs_folder, smoke_cache
+from tests.helpers import logged, needs_data, only_run, result, run_ablations, runs_folder, smoke_cache
 
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
 # Row D1 has no dropout. With dropout, every rank draws its own masks (seeded by run seed, step and rank), so a

@@ -1,6 +1,5 @@
 """Every mutant is caught, every property is seen to fail, and a mutant is a model spec like any other."""
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -9,9 +8,10 @@ from invariants.engine import FAIL
 from invariants.mutants import MUTANTS, build
 from invariants.suite import BY_NAME, PROPERTIES
 from model import SpecError, TransformerConfig, load_model
+from tests.helpers import REPO
 
 SMALL = "N=1,d_model=16,h=2,d_k=8,d_v=8,d_ff=32,vocab_size=50"
-REPORTS = Path(__file__).parents[1] / "reports" / "invariants"
+REPORTS = REPO / "reports" / "invariants"
 KILL_MATRICES = [REPORTS / "kill_matrix.json", REPORTS / "base" / "kill_matrix.json"]  # a small config, the base config
 
 

@@ -13,21 +13,11 @@ from ablations.grid import Grid, prepare_data, run_grid, run_one
 from ablations.train import read_checkpoint
 from model import ModelSpec
 from model.table3 import table3_rows
-from tests.cli_runs import REAL_DATA, needs_data
-from tests.test_run_identity import SMOKE as SMOKE_IDENTITIES, SMOKE_BPE
+from tests.ablations.test_run_identity import SMOKE as SMOKE_IDENTITIES, SMOKE_BPE
+from tests.helpers import REAL_DATA, needs_data
 
 pytestmark = [pytest.mark.slow, needs_data]
 SMOKE = BUDGETS["smoke"]
-
-
-@pytest.fixture(scope="module")
-def single_thread():
-    """One intra-op thread: these d_model=64 matrices gain nothing from a second one, and on a shared machine
-    OpenMP threads that spin while waiting for a busy core make a run many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

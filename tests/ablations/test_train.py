@@ -14,10 +14,9 @@ from ablations.evaluate import perplexity
 from ablations.grid import Grid, prepare_data, run_grid, run_one
 from ablations.train import TrainState, load_checkpoint, make_optimizer, save_checkpoint, train_step
 from model import Transformer, TransformerConfig, parse_spec
-from tests.cli_runs import NO_DATA, REAL_DATA, needs_data
-from tests.test_ablations_grid import single_thread  # noqa: F401 (a fixture)
+from tests.helpers import NO_DATA, REAL_DATA, needs_data
 
-pytestmark = pytest.mark.usefixtures("single_thread")  # see tests/test_ablations_grid.py
+pytestmark = pytest.mark.usefixtures("single_thread")  # see tests/conftest.py
 TINY = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=30, max_len=32, P_drop=0.0)
 # A few Multi30k pairs, a 150-token BPE and 3 steps: enough to exercise the run bookkeeping in seconds.
 TINY_BUDGET = BUDGETS["smoke"].replace(steps=3, warmup=3, max_train_pairs=200, vocab_size=150, dev_pairs=6,
@@ -124,7 +123,7 @@ def grid_of(runs, spec: str, rows: str = "base") -> Grid:
 @needs_data
 def test_a_diverging_run_is_recorded_as_diverged_and_the_grid_goes_on(tiny_data):
     runs, data = tiny_data
-    outcomes = run_grid(grid_of(runs / "nan", "tests.test_ablations_train:nan_loss_model", "base,A1"), data)
+    outcomes = run_grid(grid_of(runs / "nan", "tests.ablations.test_train:nan_loss_model", "base,A1"), data)
     assert [status for _, status in outcomes] == ["diverged", "diverged"]
     final = R.read_json(outcomes[0][0] / R.FINAL)
     assert final["steps"] == 3 and "diverged at step 3" in final["error"] and final["dev_ppl"] is None
@@ -135,7 +134,7 @@ def test_a_diverging_run_is_recorded_as_diverged_and_the_grid_goes_on(tiny_data)
 @needs_data
 def test_a_failed_run_is_retried_a_bounded_number_of_times(tiny_data):
     runs, data = tiny_data
-    grid = grid_of(runs / "broken", "tests.test_ablations_train:broken_model")
+    grid = grid_of(runs / "broken", "tests.ablations.test_train:broken_model")
     row = select_rows("base")[0]
     directory, status = run_one(grid, row, 1, data)
     assert status == "failed" and "cannot build this model" in R.read_json(directory / R.FINAL)["error"]

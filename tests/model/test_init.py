@@ -13,7 +13,7 @@ from model import load_model
 from model.config import TransformerConfig
 from model.init import NORMAL_STD
 from model.table3 import table3_rows
-from tests.cli_runs import REAL_DATA, needs_data, smoke_cache
+from tests.helpers import REAL_DATA, needs_data, smoke_cache
 
 SMALL = "N=2,d_model=64,d_ff=256,h=8,d_k=8,d_v=8,vocab_size=4000"
 ROWS = {r.name: r for r in table3_rows()}

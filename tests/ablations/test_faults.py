@@ -18,7 +18,7 @@ from ablations.budgets import BUDGETS
 from ablations.runs import previous_checkpoint
 from ablations.train import TrainState, make_optimizer, resume, save_checkpoint
 from model import Transformer, TransformerConfig
-from tests.cli_runs import (STEPS, ablations_argv, environment, logged, needs_data, only_run, result, run_ablations,
+from tests.helpers import (STEPS, ablations_argv, environment, logged, needs_data, only_run, result, run_ablations,
                             runs_folder, smoke_cache, REPO)
 
 
@@ -194,7 +194,7 @@ def faulty_model(config: TransformerConfig) -> nn.Module:
 def test_rows_that_run_out_of_memory_or_diverge_are_recorded_and_the_grid_goes_on(tmp_path, cache, capsys):
     runs = runs_folder(tmp_path, cache)
     code = main(["run", "--budget", "smoke", "--rows", "C1,C2,C3,base", "--steps", "2", "--dev-pairs", "20", "--device", "cpu",
-                 "--runs", str(runs), "--model", "tests.test_faults:faulty_model", "--max-attempts", "1"])
+                 "--runs", str(runs), "--model", "tests.ablations.test_faults:faulty_model", "--max-attempts", "1"])
     assert code == 1  # some rows failed
     finals = {f["row"]: f for f in map(R.read_json, (runs / "smoke").glob(f"*/{R.FINAL}"))}
     assert {row: f["status"] for row, f in finals.items()} == {"C1": "failed", "C2": "diverged", "C3": "failed",

@@ -13,7 +13,7 @@ from ablations import fanout
 from ablations import runs as R
 from ablations.fanout import main, split, without
 from ablations.stopping import Stopped, graceful_stops
-from tests.cli_runs import DEV_PAIRS, REAL_DATA, needs_data, runs_folder, smoke_cache
+from tests.helpers import DEV_PAIRS, REAL_DATA, needs_data, runs_folder, smoke_cache
 
 
 def test_rows_and_seeds_are_taken_out_of_the_arguments_passed_on():
