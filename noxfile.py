@@ -1,4 +1,5 @@
-"""Entry points: `nox -s invariants` (the main job), `nox -s tests`, `nox -s ablations`, `nox -s report`, `nox -s bench`."""
+"""Entry points: `nox -s invariants` (the main job), `nox -s tests`, `nox -s lint`, `nox -s ablations`, `nox -s report`,
+`nox -s bench`."""
 import nox
 
 nox.options.sessions = ["invariants", "tests"]
@@ -21,6 +22,15 @@ def tests(session: nox.Session) -> None:
     """Run the harness's own test suite (posargs go to pytest: nox -s tests -- -k attention -x)."""
     _install(session)
     session.run("pytest", *(session.posargs or ["tests"]))
+
+
+@nox.session(default=False)
+def lint(session: nox.Session) -> None:
+    """Check the formatting and the lint rules of pyproject.toml's [tool.ruff]; `nox -s lint -- --fix` applies both."""
+    session.install("ruff==0.17.6")
+    fix = "--fix" in session.posargs
+    session.run("ruff", "format", *([] if fix else ["--check", "--diff"]), ".")
+    session.run("ruff", "check", *(["--fix"] if fix else []), ".")
 
 
 @nox.session(default=False)

@@ -6,6 +6,7 @@
 
 `python -m invariants --model SPEC` runs the suite and writes reports/invariants/<model>.md and .json.
 """
+from invariants import shadowing  # noqa: F401  (first: a model.py or model/ hiding the harness's `model` is one line)
 from invariants.behaviour import (
     attention_scaling, batch_independence, dropout_active, embedding_scaling, eval_determinism, fast_equals_explicit,
     gradients_reach_all, padding_invariance,

@@ -18,12 +18,16 @@ from a plain checkout, with no install metadata to refresh.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
 import os
+import re
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Callable, Mapping
 
 from model.config import TransformerConfig, parse_overrides
@@ -40,7 +44,7 @@ TAKES = ("preset", "name", "path")
 # one imports transformers). Higher layers register their own models on import (invariants.mutants: mutant:NAME).
 ADAPTERS = ("model.adapters.reference", "model.adapters.torch_nn", "model.adapters.hf")
 OPTIONAL = {"transformers": "hf"}  # a module some adapters need -> the extra that installs it
-_FILES: dict[Path, object] = {}  # adapter files already imported, by resolved path: each is executed once
+_FILES: dict[Path, ModuleType] = {}  # adapter files already imported, by resolved path: each is executed once
 _UNAVAILABLE: dict[str, str] = {}  # adapter module -> why it could not be imported (an optional extra missing)
 
 
@@ -167,20 +171,38 @@ def parse_spec(text: str) -> ModelSpec:
     return ModelSpec(target, variant or None, parse_config_overrides(pairs, f"model spec {text!r}"))
 
 
+def file_module_name(path: Path) -> str:
+    """The module name an adapter file is imported under: its stem made an identifier, and a hash of its resolved path,
+    so that a model.py never takes the harness's `model` (nor a second file of the same stem the first one's)."""
+    stem = re.sub(r"\W", "_", path.stem)
+    return f"aiayn_adapter_{stem}_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]}"
+
+
+def _import_file(path: Path, spec: ModelSpec) -> ModuleType:
+    """The adapter file at path, executed once per process by its path, under file_module_name(path) (registered in
+    sys.modules, where dataclasses and pickle look a class's module up); sys.path is left as it is."""
+    module = _FILES.get(path.resolve())
+    if module is not None:
+        return module
+    name = file_module_name(path)
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise SpecError(f"model spec {str(spec)!r}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    _FILES[path.resolve()] = module
+    return module
+
+
 def _import(target: str, attr: str, spec: ModelSpec) -> Callable:
     if target.endswith(".py"):
         path = Path(target)
         if not path.is_file():
             raise SpecError(f"model spec {str(spec)!r}: no file {path}")
-        module = _FILES.get(path.resolve())
-        if module is None:
-            module_spec = importlib.util.spec_from_file_location(path.stem, path)
-            module = importlib.util.module_from_spec(module_spec)
-            try:
-                module_spec.loader.exec_module(module)
-            except Exception as exc:
-                raise SpecError(f"model spec {str(spec)!r}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
-            _FILES[path.resolve()] = module
+        module = _import_file(path, spec)
     else:
         try:
             module = importlib.import_module(target)

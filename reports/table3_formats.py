@@ -284,7 +284,8 @@ def latex(shown: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, 
     tex = tex.replace("\\midrule\n\\bottomrule", "\\bottomrule")  # none after the last group
     for text in PE_TEXT.values():  # row E's text spans the blank configuration columns, as in the paper
         span = len(PAPER_CONFIG)
-        tex = re.sub(re.escape(text) + r"(?:\s*&){%d}" % (span - 1), lambda _: f"\\multicolumn{{{span}}}{{l}}{{{text}}}", tex)
+        cell = f"\\multicolumn{{{span}}}{{l}}{{{text}}}"
+        tex = re.sub(re.escape(text) + r"(?:\s*&){%d}" % (span - 1), lambda _, cell=cell: cell, tex)
     tex = tex.replace("\\begin{tabular}", "\\resizebox{\\linewidth}{!}{%\n\\begin{tabular}")
     tex = tex.replace("\\end{tabular}", "\\end{tabular}}")  # the table is wider than a page: scaled to the text width
     comments = [f"% {k}: {v}" for k, v in header] + ([f"% did not finish: {note}"] if note else [])

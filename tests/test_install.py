@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
+
 PACKAGES = ("model", "invariants", "ablations", "reports")
 
 
@@ -25,7 +26,7 @@ def skipped(folder: str, names: list[str]) -> list[str]:
 
 def source_copy(dest: Path) -> Path:
     """The project's sources, so that building the wheel writes nothing (build/, egg-info) into the checkout."""
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", "pytest_aiayn.py"):
         shutil.copy(REPO / name, dest / name)
     for package in PACKAGES:
         shutil.copytree(REPO / package, dest / package, ignore=skipped)
@@ -73,6 +74,7 @@ def test_the_wheel_declares_what_the_invariants_import_and_the_console_scripts(w
     assert {"aiayn-invariants", "aiayn-ablations", "aiayn-reports"} <= {line.split("=")[0].strip() for line in scripts.splitlines()}
     kernels = [f"model/{name}_kernel.cpp" for name in ("attention", "narrow", "reorder", "loss")] + ["model/kernels.h"]
     assert "model/table3.csv" in names and set(kernels) <= set(names)
+    assert "[pytest11]\naiayn-invariants = pytest_aiayn" in scripts and "pytest_aiayn.py" in names  # the pytest plugin
 
 
 def test_installed_package_runs_from_a_working_directory_and_reads_its_paths_there(venv, tmp_path):
@@ -98,3 +100,9 @@ def test_installed_package_runs_from_a_working_directory_and_reads_its_paths_the
     assert (tmp_path / "reports" / "index.html").is_file()
     assert "wrote reports/" in reports.stdout  # paths shown relative to the working directory
     assert (venv / "bin" / "aiayn-reports").is_file() and (venv / "bin" / "aiayn-invariants").is_file()
+
+
+def test_the_installed_pytest_plugin_runs_each_property_as_a_test_from_an_empty_folder(venv, tmp_path):
+    spec = "reference,N=1,d_model=16,d_ff=32,h=2,d_k=8,d_v=8,vocab_size=40"
+    checked = run(venv, tmp_path, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--transformer-spec", spec)
+    assert checked.returncode == 0 and "36 passed" in checked.stdout, checked.stdout[-2000:] + checked.stderr[-2000:]
