@@ -42,6 +42,7 @@ from model.provenance import git_commit, machine_line  # noqa: E402
 from model.registry import ModelSpec, parse_spec  # noqa: E402
 
 COLUMNS = ["model", "row", "seed", "step", "dev_ppl", "bleu", "status", "run"]
+PANELS_PER_LINE = 4  # rows' panels per line of the figure, so that eight rows stay readable
 DEFAULT_MODELS = ("reference@xavier", "reference@paper-width", "reference@normal", "hf-marian@normal", "torch-nn@xavier")
 
 
@@ -146,8 +147,12 @@ def figure(found: pd.DataFrame, path: Path, title: str) -> None:
     """Dev PPL against step, one panel per row, one line per model (mean over seeds) in one color everywhere, log scale."""
     rows, models = list(dict.fromkeys(found["row"])), list(dict.fromkeys(found["model"]))
     palette = dict(zip(models, sns.color_palette("tab10", len(models))))
-    fig, axes = plt.subplots(1, max(len(rows), 1), figsize=(3.6 * max(len(rows), 1), 3.4), squeeze=False, sharey=True)
-    for ax, row in zip(axes[0], rows):
+    cols = min(max(len(rows), 1), PANELS_PER_LINE)
+    lines = -(-max(len(rows), 1) // cols)
+    fig, axes = plt.subplots(lines, cols, figsize=(3.6 * cols, 3.4 * lines), squeeze=False, sharey=True)
+    for ax in axes.flat[len(rows):]:
+        ax.set_visible(False)
+    for ax, row in zip(axes.flat, rows):
         sns.lineplot(found[found["row"] == row], x="step", y="dev_ppl", hue="model", hue_order=models, palette=palette,
                      marker="o", ax=ax, legend=False, errorbar=None)
         ax.set(yscale="log", title=f"row {row}", ylabel="dev PPL", xlabel="step")
@@ -155,7 +160,7 @@ def figure(found: pd.DataFrame, path: Path, title: str) -> None:
     handles = [Line2D([], [], color=palette[m], marker="o", label=m) for m in models]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(models), 4), fontsize=8, bbox_to_anchor=(0.5, -0.02 - 0.05 * (len(models) // 5)))
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout(rect=(0, 0.08 + 0.05 * (len(models) // 5), 1, 1))
+    fig.tight_layout(rect=(0, (0.08 + 0.05 * (len(models) // 5)) / lines, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

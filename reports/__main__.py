@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
+
 from ablations import runs as R
 from ablations.stopping import stops_cleanly
 from invariants.report import writable_folder
@@ -27,8 +29,9 @@ REBUILD = "nox -s report"
 OUT_DIR = Path("reports")  # relative to the working directory, like the inputs' defaults
 
 
-def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]]:
-    """Table 3 in every format, its verdicts along training, and the figures of one budget's runs."""
+def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str], pd.DataFrame | None]:
+    """Table 3 in every format, its verdicts along training, and the figures of one budget's runs; returns the
+    table too, where the budget's models translate at all (not smoke's), for the figure of the grids side by side."""
     results = load_budget(folder)
     table = table3.compare(results.runs)
     summary = table3.summarize(table)
@@ -92,7 +95,17 @@ def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]
     except MissingInput as missing:
         skipped.append(f"attention figure for {results.budget}: {missing}; publishing a budget whose runs folder holds "
                        f"base's checkpoint saves {attention.PUBLISHED}")
-    return artifacts, skipped
+    return artifacts, skipped, table if figures.has_bleu(table) else None
+
+
+def build_side_by_side(tables: dict[str, pd.DataFrame], out_dir: Path) -> list[Artifact]:
+    """With two or more budgets whose models translate: their verdicts against the paper in one figure."""
+    if len(tables) < 2:
+        return []
+    path = out_dir / "figures" / "budgets_side_by_side.png"
+    figures.budgets_side_by_side(tables, path, f"Table 3's verdicts under each budget: {', '.join(tables)}")
+    return [Artifact("Budgets side by side", "Each row's verdict against the paper under every budget, with our change",
+                     path, REBUILD)]
 
 
 def build_invariants(folder: Path, out_dir: Path) -> list[Artifact]:
@@ -131,10 +144,14 @@ def build(results_dir: Path, invariants_dir: Path, out_dir: Path) -> tuple[list[
         folders = budget_folders(results_dir)
     except MissingInput as missing:
         folders, skipped = [], [f"Table 3 and its figures: {missing}"]
+    tables = {}
     for folder in folders:
-        built, passed_over = build_budget(folder, out_dir)
+        built, passed_over, table = build_budget(folder, out_dir)
         artifacts += built
         skipped += passed_over
+        if table is not None:
+            tables[folder.name] = table
+    artifacts += build_side_by_side(tables, out_dir)
     try:
         artifacts += build_invariants(invariants_dir, out_dir)
     except MissingInput as missing:

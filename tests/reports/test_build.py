@@ -186,3 +186,18 @@ def test_a_damaged_invariants_report_is_one_line_naming_it(tmp_path, capsys):
     code = main(["--results", str(tmp_path / "none"), "--invariants", str(tmp_path / "invariants"), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 2 and "torch-nn.json is not an invariants report (JSONDecodeError" in err[1]
+
+
+def test_two_budgets_that_translate_get_one_figure_of_their_verdicts_side_by_side(tmp_path):
+    write_fixture(tmp_path / "results", "cpu")
+    write_fixture(tmp_path / "results", "smoke")
+    drawn, save = {}, figures._save
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(io.StringIO()):
+        patch.setattr(figures, "_save", lambda fig, path: drawn.setdefault(path.name, save(fig, path)))
+        main(["--results", str(tmp_path / "results"), "--invariants", str(tmp_path / "none"), "--out", str(tmp_path / "out")])
+    side = drawn["budgets_side_by_side.png"]
+    for ax in side.axes:
+        columns = [t.get_text().splitlines()[0] for t in ax.get_xticklabels()]
+        assert columns == ["cpu", "smoke"]
+        assert len(ax.texts) == 2 * len(ax.get_yticklabels())  # one labelled cell per row and budget
+    assert "Budgets side by side" in (tmp_path / "out" / "README.md").read_text()
