@@ -1,5 +1,6 @@
 """Entry points: `nox -s invariants` (the main job), `nox -s tests`, `nox -s lint`, `nox -s ablations`, `nox -s report`,
 `nox -s bench`."""
+
 import nox
 
 nox.options.sessions = ["invariants", "tests"]

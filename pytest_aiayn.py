@@ -13,6 +13,7 @@ A pytest11 entry point, so every pytest run in the environment loads it: it impo
 two is used, and then from beside this file, since pytest puts the user's folders (and a model.py in them) first on
 sys.path. It has a top-level name of its own, so an invariants/ of the user's never hides it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,8 +39,11 @@ class TransformerInvariants:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.getgroup("aiayn", "the paper's invariants (aiayn-harness)").addoption(
-        OPTION, metavar="SPEC", default=None,
-        help="check the invariants of 'Attention Is All You Need' on this model spec, one test per property")
+        OPTION,
+        metavar="SPEC",
+        default=None,
+        help="check the invariants of 'Attention Is All You Need' on this model spec, one test per property",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -62,8 +66,13 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> pytest.Collector | None:
     """A TransformerInvariants subclass named like a test class: its own tests, then one per property."""
-    if (isinstance(obj, type) and issubclass(obj, TransformerInvariants) and obj is not TransformerInvariants
-            and getattr(obj, "__test__", True) and collector.istestclass(obj, name)):
+    if (
+        isinstance(obj, type)
+        and issubclass(obj, TransformerInvariants)
+        and obj is not TransformerInvariants
+        and getattr(obj, "__test__", True)
+        and collector.istestclass(obj, name)
+    ):
         return InvariantsClass.from_parent(collector, name=name)
     return None
 
@@ -111,8 +120,10 @@ def model_of(spec: Any, folder: Path, where: pytest.Collector) -> Target:
 
 
 def property_items(parent: pytest.Collector, model: Target) -> list[PropertyItem]:
-    return [PropertyItem.from_parent(parent, name=prop.name, prop=prop, target=model)
-            for prop in harness("invariants.suite").PROPERTIES]
+    return [
+        PropertyItem.from_parent(parent, name=prop.name, prop=prop, target=model)
+        for prop in harness("invariants.suite").PROPERTIES
+    ]
 
 
 class InvariantsClass(pytest.Class):
@@ -141,18 +152,23 @@ class PropertyItem(pytest.Item):
         settings, profile, seed = hypothesis_settings(self.config)
         self.result = self.prop(subject, settings=settings, seed=seed, profile=profile)
         if self.result.verdict == engine.ERROR:
-            pytest.fail(f"error: {self.name} broke on {subject.name}: {self.result.reason}\nreplay: {replay(self.result)}",
-                        pytrace=False)
+            pytest.fail(
+                f"error: {self.name} broke on {subject.name}: {self.result.reason}\nreplay: {replay(self.result)}",
+                pytrace=False,
+            )
 
     def runtest(self) -> None:
         engine, report, r = harness("invariants.engine"), harness("invariants.report"), self.result
         if r.verdict == engine.NOT_APPLICABLE:
             pytest.skip(f"{r.name} not applicable: {r.reason}")
         if r.verdict == engine.FAIL:
-            pytest.fail(f"worst error {report.number(r.worst_error)}, tolerance {report.bound(r)} ({r.tolerance_reason})\n"
-                        f"{r.reason}\n"
-                        f"checks: {r.description}\n"
-                        f"replay: {replay(r)}", pytrace=False)
+            pytest.fail(
+                f"worst error {report.number(r.worst_error)}, tolerance {report.bound(r)} ({r.tolerance_reason})\n"
+                f"{r.reason}\n"
+                f"checks: {r.description}\n"
+                f"replay: {replay(r)}",
+                pytrace=False,
+            )
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         """Its name as pytest prints it: Class.property as for a method, the property alone under --transformer-spec."""
@@ -191,9 +207,12 @@ def own(name: str) -> None:
             raise ImportError(
                 f"{getattr(module, '__file__', None) or name} was imported as {name!r}, the name of the harness's own "
                 f"package; name your model by its path (spec = 'model.py:make'), and do not import it as {name!r} "
-                "in a pytest run that checks invariants")
+                "in a pytest run that checks invariants"
+            )
         return
-    spec = importlib.util.spec_from_file_location(name, folder / "__init__.py", submodule_search_locations=[str(folder)])
+    spec = importlib.util.spec_from_file_location(
+        name, folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:

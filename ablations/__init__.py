@@ -2,4 +2,5 @@
 
 Entry point: python -m ablations run --budget smoke --rows all (see docs/ablations.md).
 """
+
 from invariants import shadowing  # noqa: F401  (before any import of model: a model.py hiding it is one line)

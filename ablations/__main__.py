@@ -1,4 +1,5 @@
 """python -m ablations run | results | publish  (also: nox -s ablations -- run ...; `run` may be left out)."""
+
 from __future__ import annotations
 
 import argparse
@@ -39,13 +40,18 @@ def cmd_run(options: RunOptions) -> int:
             scaled = f" (SCALED: sizes / {b.scale})" if b.scaled else ""
             parallel = f" x {ranks.world} data-parallel processes" if ranks.parallel else ""
             if ranks.main:
-                print(f"budget {b.name}{scaled}, {len(rows)} rows x {len(options.seeds)} seeds, model {options.spec}, "
-                      f"device {device}{parallel}; {data.summary}", file=sys.stderr)
+                print(
+                    f"budget {b.name}{scaled}, {len(rows)} rows x {len(options.seeds)} seeds, model {options.spec}, "
+                    f"device {device}{parallel}; {data.summary}",
+                    file=sys.stderr,
+                )
             outcomes = run_grid(Grid.of(options, device, ranks), data)
         except Stopped as stop:
             if ranks.main:
-                print(f"{stop}; finished runs are kept; resume with: python -m ablations {shlex.join(['run', *options.argv])}",
-                      file=sys.stderr)
+                print(
+                    f"{stop}; finished runs are kept; resume with: python -m ablations {shlex.join(['run', *options.argv])}",
+                    file=sys.stderr,
+                )
             return stop.exit_status
         finally:
             teardown()
@@ -59,8 +65,11 @@ def cmd_results(args: argparse.Namespace) -> int:
     table = R.results_table(Path(args.runs))
     if table.empty:
         found = R.run_folders(Path(args.runs), R.FINAL)
-        raise ValueError(f"no readable {R.FINAL} under {args.runs}" + (" (damaged ones skipped, see above)" if found else "")
-                         + "; run the grid first: python -m ablations run --budget smoke")
+        raise ValueError(
+            f"no readable {R.FINAL} under {args.runs}"
+            + (" (damaged ones skipped, see above)" if found else "")
+            + "; run the grid first: python -m ablations run --budget smoke"
+        )
     out = Path(args.out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +111,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = options.OneLineParser(prog="python -m ablations", description="Train and score the rows of the paper's Table 3.")
+    p = options.OneLineParser(
+        prog="python -m ablations", description="Train and score the rows of the paper's Table 3."
+    )
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train and score a grid of rows (resumes, skips finished runs)")
     options.add_arguments(run)
@@ -133,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     except options.FORESEEN as exc:
         return options.failed(exc)
     except KeyboardInterrupt:  # Ctrl-C before training began (checking flags, reading data, building the model)
-        print("interrupted before any run started; nothing was left half-written: run the same command again", file=sys.stderr)
+        print(
+            "interrupted before any run started; nothing was left half-written: run the same command again",
+            file=sys.stderr,
+        )
         return 130
 
 

@@ -5,6 +5,7 @@ The model is the finished base run with the lowest seed that kept its weights (a
 the probabilities come from the model protocol's `attention_probs()`, so any model that offers that capability can
 be drawn.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -67,5 +68,12 @@ def extract(folder: Path, sentence: str = SENTENCE, decimals: int | None = None)
         raise NoAttentionData(str(exc)) from None
     layer = default_layer(trained.model.config.N)
     tokens, probs = encoder_attention(trained, sentence, layer)
-    return {"run": run.directory.name, "label": trained.label, "layer": layer, "layers": trained.model.config.N,
-            "sentence": sentence, "tokens": tokens, "probs": (probs[:MAX_HEADS] if decimals is None else probs[:MAX_HEADS].round(decimals=decimals)).tolist()}
+    return {
+        "run": run.directory.name,
+        "label": trained.label,
+        "layer": layer,
+        "layers": trained.model.config.N,
+        "sentence": sentence,
+        "tokens": tokens,
+        "probs": (probs[:MAX_HEADS] if decimals is None else probs[:MAX_HEADS].round(decimals=decimals)).tolist(),
+    }

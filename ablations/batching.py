@@ -4,6 +4,7 @@ As in the paper (section 5.1), sentence pairs are batched by approximate length 
 holds about `max_tokens` source and `max_tokens` target positions, padding included. The order of
 batches is a function of (seed, epoch) alone, so a stream's position is two integers.
 """
+
 from __future__ import annotations
 
 import random
@@ -30,7 +31,9 @@ def make_batch(src: list[list[int]], tgt: list[list[int]]) -> Batch:
     return Batch(s, t_in, s.eq(PAD), labels.eq(PAD), labels)
 
 
-def bucketed_batches(src_lens: list[int], tgt_lens: list[int], max_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+def bucketed_batches(
+    src_lens: list[int], tgt_lens: list[int], max_tokens: int, seed: int, epoch: int
+) -> list[list[int]]:
     """Indices grouped into batches of similar length with at most max_tokens padded positions per side
     (a single longer pair makes a batch of its own); the batch order is shuffled by (seed, epoch)."""
     rng = random.Random(seed * 1_000_003 + epoch)
@@ -55,8 +58,9 @@ def bucketed_batches(src_lens: list[int], tgt_lens: list[int], max_tokens: int, 
 class BatchStream:
     """An endless stream of training batches, epoch after epoch; `position` is all it needs to resume."""
 
-    def __init__(self, src: list[list[int]], tgt: list[list[int]], max_tokens: int, seed: int,
-                 epoch: int = 0, index: int = 0) -> None:
+    def __init__(
+        self, src: list[list[int]], tgt: list[list[int]], max_tokens: int, seed: int, epoch: int = 0, index: int = 0
+    ) -> None:
         self.src, self.tgt, self.max_tokens, self.seed = src, tgt, max_tokens, seed
         self.src_lens, self.tgt_lens = [len(x) for x in src], [len(y) for y in tgt]
         self.epoch, self.index = epoch, index

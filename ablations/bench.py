@@ -5,6 +5,7 @@ Each of the reference's speed choices is also undone in turn (the UNDONE variant
 before/after ratio comes from the same run; repetitions are interleaved across systems, so that the machine's load
 hits them alike. docs/benchmark.md says what is measured and how. Writes reports/bench.md and reports/bench.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,17 +72,35 @@ class Variant:
 UNDONE = "before: "
 VARIANTS = [
     Variant("reference", Transformer),
-    Variant(UNDONE + "attention through torch ops, no narrow-head kernel", lambda c: Transformer(c, Parts(attend=attend_with_torch_ops)),
-            sizes=("scaled",)),
-    Variant(UNDONE + "fused attention kernel everywhere", lambda c: Transformer(c, Parts(attend=fused_attention)), sizes=("scaled",)),
-    Variant(UNDONE + "loss by torch ops, no loss kernel", lambda c: Transformer(c, Parts(loss=label_smoothed_loss_by_torch_ops)),
-            sizes=("scaled",)),
-    Variant(UNDONE + "torch cross_entropy loss", lambda c: Transformer(c, Parts(loss=torch_cross_entropy)), sizes=("scaled",)),
+    Variant(
+        UNDONE + "attention through torch ops, no narrow-head kernel",
+        lambda c: Transformer(c, Parts(attend=attend_with_torch_ops)),
+        sizes=("scaled",),
+    ),
+    Variant(
+        UNDONE + "fused attention kernel everywhere",
+        lambda c: Transformer(c, Parts(attend=fused_attention)),
+        sizes=("scaled",),
+    ),
+    Variant(
+        UNDONE + "loss by torch ops, no loss kernel",
+        lambda c: Transformer(c, Parts(loss=label_smoothed_loss_by_torch_ops)),
+        sizes=("scaled",),
+    ),
+    Variant(
+        UNDONE + "torch cross_entropy loss",
+        lambda c: Transformer(c, Parts(loss=torch_cross_entropy)),
+        sizes=("scaled",),
+    ),
     Variant(UNDONE + "Adam per-parameter loop", Transformer, adam="loop", sizes=("scaled",)),
     Variant(UNDONE + "Adam multi-tensor (foreach), not fused", Transformer, adam="foreach", sizes=("scaled",)),
     Variant(UNDONE + "torch's default thread count", Transformer, default_threads=True),
-    Variant(UNDONE + "all of the above", lambda c: Transformer(c, Parts(attend=fused_attention, loss=torch_cross_entropy)),
-            adam="loop", default_threads=True),
+    Variant(
+        UNDONE + "all of the above",
+        lambda c: Transformer(c, Parts(attend=fused_attention, loss=torch_cross_entropy)),
+        adam="loop",
+        default_threads=True,
+    ),
     Variant("torch.nn.Transformer adapter", lambda c: load_model(ModelSpec("torch-nn").with_config(c))),
     Variant("HF MarianMT, same dims", peers.hf_marian),
 ]
@@ -98,8 +117,14 @@ def alternate(items, repetition: int) -> list:
     return items if repetition % 2 == 0 else items[::-1]
 
 
-def bench_training(size: str, cfg: TransformerConfig, batches: list[Batch], warmup: int, threads: int,
-                   clock: Callable[[], float] = time.perf_counter) -> tuple[list[dict], list[str]]:
+def bench_training(
+    size: str,
+    cfg: TransformerConfig,
+    batches: list[Batch],
+    warmup: int,
+    threads: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[list[dict], list[str]]:
     """Interleaved training steps of every variant on the same batches; returns results and skipped-peer lines.
     Timed by CPU time, the variants on torch's default thread count are left out: more threads buy wall-clock time."""
     systems, skipped, default_threads = {}, [], os.cpu_count() or 1
@@ -113,10 +138,19 @@ def bench_training(size: str, cfg: TransformerConfig, batches: list[Batch], warm
             skipped.append(f"{v.name}: {peers.MISSING}")
             continue
         model.train()
-        optimizer = (make_optimizer(model, torch.device("cpu")) if v.adam == "fused" else
-                     torch.optim.Adam(model.parameters(), lr=0.0, betas=ADAM_BETAS, eps=ADAM_EPS, foreach=v.adam == "foreach"))
-        systems[v.name] = (model, optimizer, default_threads if v.default_threads else threads,
-                           count_parameters(model.parameter_groups()))
+        optimizer = (
+            make_optimizer(model, torch.device("cpu"))
+            if v.adam == "fused"
+            else torch.optim.Adam(
+                model.parameters(), lr=0.0, betas=ADAM_BETAS, eps=ADAM_EPS, foreach=v.adam == "foreach"
+            )
+        )
+        systems[v.name] = (
+            model,
+            optimizer,
+            default_threads if v.default_threads else threads,
+            count_parameters(model.parameter_groups()),
+        )
     times: dict[str, list[float]] = {name: [] for name in systems}
     gemm: dict[int, list[float]] = {}
     for i, batch in enumerate(tqdm(batches, desc=f"train {size}", unit="rep", leave=False)):
@@ -135,8 +169,16 @@ def bench_training(size: str, cfg: TransformerConfig, batches: list[Batch], warm
     results = []
     for name, (_, _, n, counts) in systems.items():
         step = statistics.median(times[name])
-        results.append({"size": size, "variant": name, "threads": n, "step_s": step, "gemm_flops_per_s": statistics.median(gemm[n]),
-                        **throughput(cfg, counts, src, tgt, step, statistics.median(gemm[n]))})
+        results.append(
+            {
+                "size": size,
+                "variant": name,
+                "threads": n,
+                "step_s": step,
+                "gemm_flops_per_s": statistics.median(gemm[n]),
+                **throughput(cfg, counts, src, tgt, step, statistics.median(gemm[n])),
+            }
+        )
     return results, skipped
 
 
@@ -144,7 +186,9 @@ def fixed_length_sources(src: list[list[int]], n: int, length: int) -> torch.Ten
     """n dev sources of at least `length` tokens, cut to `length` (ending in EOS): no padding, one output length."""
     rows = [s[: length - 1] + [EOS] for s in src if len(s) >= length][:n]
     if len(rows) < n:
-        raise ValueError(f"only {len(rows)} dev sentences have {length} tokens; lower --decode-length or --decode-sentences")
+        raise ValueError(
+            f"only {len(rows)} dev sentences have {length} tokens; lower --decode-length or --decode-sentences"
+        )
     return torch.tensor(rows)
 
 
@@ -194,8 +238,15 @@ class StridedCrossCache(KVCache):
         self.kv = _StridedCross()
 
 
-def bench_decoding(size: str, cfg: TransformerConfig, src: torch.Tensor, extra: int, reps: int, threads: int,
-                   clock: Callable[[], float] = time.perf_counter) -> tuple[list[dict], list[str]]:
+def bench_decoding(
+    size: str,
+    cfg: TransformerConfig,
+    src: torch.Tensor,
+    extra: int,
+    reps: int,
+    threads: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[list[dict], list[str]]:
     """Beam 4 by every system on the same sources, each forced to src length + extra output tokens."""
     torch.manual_seed(0)
     reference = Transformer(cfg).eval()
@@ -208,16 +259,32 @@ def bench_decoding(size: str, cfg: TransformerConfig, src: torch.Tensor, extra: 
     torch_ops = Transformer(cfg, Parts(attend=attend_with_torch_ops)).eval()
     torch_reorder = Transformer(cfg).eval()
     torch_reorder.new_cache = TorchOpsReorderCache
-    for other in (copied, full_reorder, strided, torch_ops, torch_reorder):  # the same weights, so that every variant decodes the same hypotheses
+    for other in (
+        copied,
+        full_reorder,
+        strided,
+        torch_ops,
+        torch_reorder,
+    ):  # the same weights, so that every variant decodes the same hypotheses
         other.load_state_dict(reference.state_dict())
     out_len = src.size(1) + extra
     systems: dict[str, Callable[[], None]] = {
         "reference": lambda: beam_search(reference, src, src.eq(PAD), beam=4, extra_len=extra),
-        UNDONE + "attention through torch ops, no fused kernel": lambda: beam_search(torch_ops, src, src.eq(PAD), beam=4, extra_len=extra),
-        UNDONE + "cache rows moved by torch ops (gather, then write back)": lambda: beam_search(torch_reorder, src, src.eq(PAD), beam=4, extra_len=extra),
-        UNDONE + "cross-attention keys/values per beam": lambda: beam_search(copied, src, src.eq(PAD), beam=4, extra_len=extra),
-        UNDONE + "every cached row copied at each step": lambda: beam_search(full_reorder, src, src.eq(PAD), beam=4, extra_len=extra),
-        UNDONE + "cross-attention keys/values strided": lambda: beam_search(strided, src, src.eq(PAD), beam=4, extra_len=extra),
+        UNDONE + "attention through torch ops, no fused kernel": lambda: beam_search(
+            torch_ops, src, src.eq(PAD), beam=4, extra_len=extra
+        ),
+        UNDONE + "cache rows moved by torch ops (gather, then write back)": lambda: beam_search(
+            torch_reorder, src, src.eq(PAD), beam=4, extra_len=extra
+        ),
+        UNDONE + "cross-attention keys/values per beam": lambda: beam_search(
+            copied, src, src.eq(PAD), beam=4, extra_len=extra
+        ),
+        UNDONE + "every cached row copied at each step": lambda: beam_search(
+            full_reorder, src, src.eq(PAD), beam=4, extra_len=extra
+        ),
+        UNDONE + "cross-attention keys/values strided": lambda: beam_search(
+            strided, src, src.eq(PAD), beam=4, extra_len=extra
+        ),
     }
     skipped = []
     marian = peers.hf_marian(cfg)
@@ -240,8 +307,18 @@ def bench_decoding(size: str, cfg: TransformerConfig, src: torch.Tensor, extra: 
                 run()
                 times[name].append(clock() - start)
     tokens = src.size(0) * out_len
-    return [{"size": size, "system": name, "threads": threads, "sentences": src.size(0), "output_length": out_len,
-             "s": statistics.median(t), "output_tokens_per_s": tokens / statistics.median(t)} for name, t in times.items()], skipped
+    return [
+        {
+            "size": size,
+            "system": name,
+            "threads": threads,
+            "sentences": src.size(0),
+            "output_length": out_len,
+            "s": statistics.median(t),
+            "output_tokens_per_s": tokens / statistics.median(t),
+        }
+        for name, t in times.items()
+    ], skipped
 
 
 def output_path(option: str) -> Path:
@@ -261,68 +338,101 @@ def shown_args(argv: list[str]) -> str:
 
 
 def machine() -> dict:
-    return {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__, "commit": git_commit(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "commit": git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 CLOCK_NOTES = {
     "wall": "Times are wall-clock: on a loaded machine other processes take the cores at random moments, which "
-            "interleaving spreads over every system but does not remove (rerun idle, or with `--clock cpu`).",
+    "interleaving spreads over every system but does not remove (rerun idle, or with `--clock cpu`).",
     "cpu": "Times are this process's CPU time (`--clock cpu`), which other processes' load does not enter, so the "
-           "ratios hold on a busy machine; a row on more than one thread sums its threads' time (total work, not latency).",
+    "ratios hold on a busy machine; a row on more than one thread sums its threads' time (total work, not latency).",
 }
 
 
 def markdown(meta: dict, training: list[dict], decoding: list[dict], skipped: list[str]) -> str:
     rates = {(r["size"], r["threads"]): r["gemm_flops_per_s"] for r in training}
-    gemm = ", ".join(f"{rate / 1e9:.0f} GFLOP/s on {n} thread{'s' * (n > 1)} ({size})" for (size, n), rate in rates.items())
+    gemm = ", ".join(
+        f"{rate / 1e9:.0f} GFLOP/s on {n} thread{'s' * (n > 1)} ({size})" for (size, n), rate in rates.items()
+    )
     lines = [
-        "# Benchmark: training step and beam search beside real peers, base and scaled (/8) sizes", "",
+        "# Benchmark: training step and beam search beside real peers, base and scaled (/8) sizes",
+        "",
         f"Measured by `nox -s bench{' -- ' + meta['args'] if meta['args'] else ''}` on {meta['cpu']} ({meta['cores']} cores), "
         f"torch {meta['torch']}, commit {meta['commit']}, {meta['date']}. Load average (1 min) {meta['load_before']:.1f} at the "
         f"start and {meta['load_after']:.1f} at the end on {meta['cores']} cores. Every figure is the median of repetitions "
         f"interleaved across systems. {CLOCK_NOTES[meta['clock']]} The reference's decoding kernels "
-        f"(model/kernel.py): {meta['attention_kernel']}.", "",
+        f"(model/kernel.py): {meta['attention_kernel']}.",
+        "",
         f"Training: {', '.join(f'{meta[k]} ({k[6:]})' for k in meta if k.startswith('steps_'))} timed steps after {meta['warmup']} warm-up step(s), the same {meta['preset']} training "
         f"batches of about {meta['batch_tokens']} source and target positions for every system (the first of the stream "
         "the grid trains on: bucketed by length, so little padding), fp32; token ids from a "
         f"{meta['vocab']}-token BPE (the scaled models' vocabulary; the base models keep the paper's 37000 entries). "
         f"Threads: {meta['threads']} unless a row says otherwise (`--threads` or OMP_NUM_THREADS override). "
         f"GEMM calibration (fp32 1024x512 @ 512x2048, median over the repetitions): {gemm}. The fraction of the GEMM "
-        "rate counts 6 FLOPs per weight per token (model.params.training_flops).", "",
-        "## Training step", "",
+        "rate counts 6 FLOPs per weight per token (model.params.training_flops).",
+        "",
+        "## Training step",
+        "",
         "| size | variant | threads | s/step | target tok/s | src+tgt tok/s | fraction of GEMM rate | vs reference |",
         "|---|---|---|---|---|---|---|---|",
     ]
     ref = {r["size"]: r for r in training if r["variant"] == "reference"}
     for r in training:
-        lines.append(f"| {r['size']} | {r['variant']} | {r['threads']} | {r['step_s']:.3f} | {r['tgt_tokens_per_s']:,.0f} | "
-                     f"{r['tokens_per_s']:,.0f} | {r['gemm_fraction']:.0%} | {r['tgt_tokens_per_s'] / ref[r['size']]['tgt_tokens_per_s']:.2f}x |")
-    lines += ["", "## What each speed choice changed (same run)", "",
-              "Each row undoes one choice of the reference (or all of them) and reports the reference's speed-up over it. "
-              "The thread count is chosen for safety, not speed: one thread up to d_model 128 and the free cores above, "
-              "because a thread that waits for a busy core stalls every op; a speed-up below 1 there means this machine "
-              "had cores to spare (alone on an idle machine, pass --threads).", "",
-              "| size | choice undone | before: target tok/s | reference: target tok/s | speed-up |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['size']} | {r['variant']} | {r['threads']} | {r['step_s']:.3f} | {r['tgt_tokens_per_s']:,.0f} | "
+            f"{r['tokens_per_s']:,.0f} | {r['gemm_fraction']:.0%} | {r['tgt_tokens_per_s'] / ref[r['size']]['tgt_tokens_per_s']:.2f}x |"
+        )
+    lines += [
+        "",
+        "## What each speed choice changed (same run)",
+        "",
+        "Each row undoes one choice of the reference (or all of them) and reports the reference's speed-up over it. "
+        "The thread count is chosen for safety, not speed: one thread up to d_model 128 and the free cores above, "
+        "because a thread that waits for a busy core stalls every op; a speed-up below 1 there means this machine "
+        "had cores to spare (alone on an idle machine, pass --threads).",
+        "",
+        "| size | choice undone | before: target tok/s | reference: target tok/s | speed-up |",
+        "|---|---|---|---|---|",
+    ]
     for r in (r for r in training if r["variant"].startswith(UNDONE)):
         after = ref[r["size"]]["tgt_tokens_per_s"]
-        lines.append(f"| {r['size']} | {r['variant'][len(UNDONE):]} | {r['tgt_tokens_per_s']:,.0f} | {after:,.0f} | "
-                     f"{after / r['tgt_tokens_per_s']:.2f}x |")
+        lines.append(
+            f"| {r['size']} | {r['variant'][len(UNDONE) :]} | {r['tgt_tokens_per_s']:,.0f} | {after:,.0f} | "
+            f"{after / r['tgt_tokens_per_s']:.2f}x |"
+        )
     for d in (d for d in decoding if d["system"].startswith(UNDONE)):
-        after = next(x for x in decoding if x["size"] == d["size"] and x["system"] == "reference")["output_tokens_per_s"]
-        lines.append(f"| {d['size']} (beam search, output tok/s) | {d['system'][len(UNDONE):]} | {d['output_tokens_per_s']:,.0f} | "
-                     f"{after:,.0f} | {after / d['output_tokens_per_s']:.2f}x |")
+        after = next(x for x in decoding if x["size"] == d["size"] and x["system"] == "reference")[
+            "output_tokens_per_s"
+        ]
+        lines.append(
+            f"| {d['size']} (beam search, output tok/s) | {d['system'][len(UNDONE) :]} | {d['output_tokens_per_s']:,.0f} | "
+            f"{after:,.0f} | {after / d['output_tokens_per_s']:.2f}x |"
+        )
     counts = ", ".join(f"{d['sentences']} at {d['size']}" for d in decoding if d["system"] == "reference")
-    lines += ["", "## Beam search (beam 4, batched)", "",
-              f"The same dev sources for every system ({counts}), "
-              f"cut to {meta['decode_length']} tokens; every system is forced to "
-              f"{meta['decode_length'] + meta['extra']} output tokens per sentence (untrained weights; the reference stops at "
-              "source length + 50 and rarely ends earlier), the same thread count for all.", "",
-              "| size | system | threads | s (median) | output tok/s | vs reference |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Beam search (beam 4, batched)",
+        "",
+        f"The same dev sources for every system ({counts}), "
+        f"cut to {meta['decode_length']} tokens; every system is forced to "
+        f"{meta['decode_length'] + meta['extra']} output tokens per sentence (untrained weights; the reference stops at "
+        "source length + 50 and rarely ends earlier), the same thread count for all.",
+        "",
+        "| size | system | threads | s (median) | output tok/s | vs reference |",
+        "|---|---|---|---|---|---|",
+    ]
     dref = {d["size"]: d for d in decoding if d["system"] == "reference"}
     for d in decoding:
-        lines.append(f"| {d['size']} | {d['system']} | {d['threads']} | {d['s']:.2f} | {d['output_tokens_per_s']:,.0f} | "
-                     f"{d['output_tokens_per_s'] / dref[d['size']]['output_tokens_per_s']:.2f}x |")
+        lines.append(
+            f"| {d['size']} | {d['system']} | {d['threads']} | {d['s']:.2f} | {d['output_tokens_per_s']:,.0f} | "
+            f"{d['output_tokens_per_s'] / dref[d['size']]['output_tokens_per_s']:.2f}x |"
+        )
     if skipped:
         lines += ["", *(f"- {line}" for line in skipped)]
     return "\n".join(lines) + "\n"
@@ -332,29 +442,48 @@ def markdown(meta: dict, training: list[dict], decoding: list[dict], skipped: li
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ablations.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)")
-    parser.add_argument("--preset", default="multi30k", help="data preset whose dev set gives the batches (default multi30k)")
+    parser.add_argument(
+        "--preset", default="multi30k", help="data preset whose dev set gives the batches (default multi30k)"
+    )
     parser.add_argument("--runs", default="runs", help="where the BPE cache lives")
     parser.add_argument("--sizes", default="base,scaled", help="base, scaled (every size / 8) or both (default)")
-    parser.add_argument("--config", default="", help="overrides of the base config, e.g. N=2 (the scaled size is derived from it)")
+    parser.add_argument(
+        "--config", default="", help="overrides of the base config, e.g. N=2 (the scaled size is derived from it)"
+    )
     cpu = budget("cpu")
-    parser.add_argument("--vocab", type=int, default=cpu.vocab_size,
-                        help=f"BPE size: the scaled models' vocabulary (default {cpu.vocab_size}, the cpu budget's)")
+    parser.add_argument(
+        "--vocab",
+        type=int,
+        default=cpu.vocab_size,
+        help=f"BPE size: the scaled models' vocabulary (default {cpu.vocab_size}, the cpu budget's)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: by model size and load)")
     parser.add_argument("--steps", type=int, default=None, help="timed training steps (default 5 at base, 12 scaled)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed first steps (default 1)")
     parser.add_argument("--batch-tokens", type=int, default=2000, help="positions per side per step (default 2000)")
-    parser.add_argument("--decode-sentences", type=int, default=None, help="sources to beam-search (default 8 at base, 32 scaled)")
+    parser.add_argument(
+        "--decode-sentences", type=int, default=None, help="sources to beam-search (default 8 at base, 32 scaled)"
+    )
     parser.add_argument("--decode-length", type=int, default=20, help="tokens per source (default 20)")
     parser.add_argument("--extra", type=int, default=50, help="output tokens beyond the source length (default 50)")
     parser.add_argument("--decode-reps", type=int, default=5, help="interleaved decoding repetitions (default 5)")
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                        help="wall (default), or cpu: this process's CPU time, which other processes' load does not enter")
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall (default), or cpu: this process's CPU time, which other processes' load does not enter",
+    )
     parser.add_argument("--out", default=str(Path("reports") / "bench.md"))
     args = parser.parse_args(argv)
     try:
-        check_counts(("--steps", args.steps), ("--decode-sentences", args.decode_sentences),
-                     ("--decode-length", args.decode_length), ("--decode-reps", args.decode_reps),
-                     ("--batch-tokens", args.batch_tokens), ("--threads", args.threads))
+        check_counts(
+            ("--steps", args.steps),
+            ("--decode-sentences", args.decode_sentences),
+            ("--decode-length", args.decode_length),
+            ("--decode-reps", args.decode_reps),
+            ("--batch-tokens", args.batch_tokens),
+            ("--threads", args.threads),
+        )
         base = TransformerConfig().replace(**parse_config_overrides(args.config, "--config"))
         sizes = {"base": base, "scaled": scaled(base, args.vocab)}
         chosen = [s.strip() for s in args.sizes.split(",") if s.strip()]
@@ -363,14 +492,28 @@ def main(argv: list[str] | None = None) -> int:
         out = output_path(args.out)
         b = budget("smoke").replace(vocab_size=args.vocab, max_train_pairs=None, dev_pairs=None)
         data = prepare_data(b, args.preset, data_dir(args.data), Path(args.runs))
-        sources = {size: fixed_length_sources(data.dev_src, args.decode_sentences or (8 if size == "base" else 32), args.decode_length)
-                   for size in chosen}
+        sources = {
+            size: fixed_length_sources(
+                data.dev_src, args.decode_sentences or (8 if size == "base" else 32), args.decode_length
+            )
+            for size in chosen
+        }
     except ValueError as exc:  # a bad flag value, DataError, a bad --config or --sizes
         return failed(exc)
     built = kernel.compiled() is not None  # built now (on first use), so that no timed search includes the build
-    meta = {**machine(), "attention_kernel": "in use" if built else f"not built (torch ops; see stderr, or {kernel.SWITCH})",
-            "load_before": os.getloadavg()[0], "clock": args.clock, "preset": args.preset, "vocab": args.vocab,
-            "batch_tokens": args.batch_tokens, "warmup": args.warmup, "decode_length": args.decode_length, "extra": args.extra, "args": shown_args(argv if argv is not None else sys.argv[1:])}
+    meta = {
+        **machine(),
+        "attention_kernel": "in use" if built else f"not built (torch ops; see stderr, or {kernel.SWITCH})",
+        "load_before": os.getloadavg()[0],
+        "clock": args.clock,
+        "preset": args.preset,
+        "vocab": args.vocab,
+        "batch_tokens": args.batch_tokens,
+        "warmup": args.warmup,
+        "decode_length": args.decode_length,
+        "extra": args.extra,
+        "args": shown_args(argv if argv is not None else sys.argv[1:]),
+    }
     training, decoding, skipped, threads = [], [], [], {}
     for size in chosen:
         cfg = sizes[size]
@@ -378,18 +521,28 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads[size])
         steps = args.steps or (5 if size == "base" else 12)
         stream = BatchStream(data.train_src, data.train_tgt, args.batch_tokens, seed=0)  # as training draws them
-        rows, missing = bench_training(size, cfg, [stream.next() for _ in range(args.warmup + steps)], args.warmup, threads[size],
-                                       CLOCKS[args.clock])
+        rows, missing = bench_training(
+            size,
+            cfg,
+            [stream.next() for _ in range(args.warmup + steps)],
+            args.warmup,
+            threads[size],
+            CLOCKS[args.clock],
+        )
         training += rows
-        rows, missing_decoders = bench_decoding(size, cfg, sources[size], args.extra, args.decode_reps, threads[size],
-                                                   CLOCKS[args.clock])
+        rows, missing_decoders = bench_decoding(
+            size, cfg, sources[size], args.extra, args.decode_reps, threads[size], CLOCKS[args.clock]
+        )
         decoding += rows
         skipped += [line for line in missing + missing_decoders if line not in skipped]
         meta[f"steps_{size}"] = steps
     meta.update(load_after=os.getloadavg()[0], threads=", ".join(f"{n} at {s}" for s, n in threads.items()))
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, markdown(meta, training, decoding, skipped))  # atomic: a stop never leaves half a report
-    write_atomic(out.with_suffix(".json"), json.dumps({**meta, "training": training, "decoding": decoding, "skipped": skipped}, indent=2) + "\n")
+    write_atomic(
+        out.with_suffix(".json"),
+        json.dumps({**meta, "training": training, "decoding": decoding, "skipped": skipped}, indent=2) + "\n",
+    )
     print(out.read_text())
     return 0
 

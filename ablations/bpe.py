@@ -2,6 +2,7 @@
 
 Ids: 0 pad (the model's pad_id), 1 unk, 2 bos, 3 eos. The model file lives in `<runs>/cache/`, never in git.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -39,9 +40,19 @@ def bpe_file(vocab_size: int, key: str) -> str:
 
 def _options(vocab_size: int) -> dict[str, object]:
     return dict(
-        model_type="bpe", vocab_size=vocab_size, character_coverage=1.0, normalization_rule_name="identity",
-        pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, input_sentence_size=2_000_000, shuffle_input_sentence=True,
-        seed_sentencepiece_size=1_000_000, num_threads=min(16, os.cpu_count() or 1), minloglevel=2,
+        model_type="bpe",
+        vocab_size=vocab_size,
+        character_coverage=1.0,
+        normalization_rule_name="identity",
+        pad_id=PAD,
+        unk_id=UNK,
+        bos_id=BOS,
+        eos_id=EOS,
+        input_sentence_size=2_000_000,
+        shuffle_input_sentence=True,
+        seed_sentencepiece_size=1_000_000,
+        num_threads=min(16, os.cpu_count() or 1),
+        minloglevel=2,
     )
 
 
@@ -66,29 +77,40 @@ def shared_bpe(train: Pairs, vocab_size: int, cache_dir: Path) -> spm.SentencePi
 
 
 def _train(train: Pairs, vocab_size: int) -> bytes:
-    print(f"training a shared BPE of {vocab_size} tokens on {2 * len(train)} sentences (once: it is cached)...",
-          end="", file=sys.stderr, flush=True)
+    print(
+        f"training a shared BPE of {vocab_size} tokens on {2 * len(train)} sentences (once: it is cached)...",
+        end="",
+        file=sys.stderr,
+        flush=True,
+    )
     started = time.perf_counter()
     model = io.BytesIO()
     try:
-        spm.SentencePieceTrainer.train(sentence_iterator=iter(train.src + train.tgt), model_writer=model, **_options(vocab_size))
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(train.src + train.tgt), model_writer=model, **_options(vocab_size)
+        )
     except RuntimeError as exc:
         print(file=sys.stderr)
         first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise DataError(f"sentencepiece could not train a {vocab_size}-token BPE on {len(train)} pairs ({first}); use a smaller vocabulary") from None
+        raise DataError(
+            f"sentencepiece could not train a {vocab_size}-token BPE on {len(train)} pairs ({first}); use a smaller vocabulary"
+        ) from None
     print(f" done in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return model.getvalue()
 
 
-def encode(sp: spm.SentencePieceProcessor, pairs: Pairs, progress: str | None = None,
-           chunk: int = 20_000) -> tuple[list[list[int]], list[list[int]]]:
+def encode(
+    sp: spm.SentencePieceProcessor, pairs: Pairs, progress: str | None = None, chunk: int = 20_000
+) -> tuple[list[list[int]], list[list[int]]]:
     """Source ids end with EOS; target ids are the bare sentence (the batcher adds BOS and EOS).
     With `progress` (a label), a bar counts the pairs encoded."""
     src: list[list[int]] = []
     tgt: list[list[int]] = []
-    with tqdm(total=len(pairs), desc=progress, unit="pair", leave=False, dynamic_ncols=True, disable=progress is None) as bar:
+    with tqdm(
+        total=len(pairs), desc=progress, unit="pair", leave=False, dynamic_ncols=True, disable=progress is None
+    ) as bar:
         for start in range(0, len(pairs), chunk):
-            src += [ids + [EOS] for ids in sp.encode(list(pairs.src[start:start + chunk]))]
-            tgt += sp.encode(list(pairs.tgt[start:start + chunk]))
+            src += [ids + [EOS] for ids in sp.encode(list(pairs.src[start : start + chunk]))]
+            tgt += sp.encode(list(pairs.tgt[start : start + chunk]))
             bar.update(min(chunk, len(pairs) - start))
     return src, tgt

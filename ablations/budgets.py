@@ -2,6 +2,7 @@
 
 A budget turns a Table 3 row into the model config and the training settings of one run.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,7 +26,9 @@ class Budget:
     scale: int  # d_model, d_ff, d_k, d_v are divided by this; 1 = the paper's sizes
     steps: int | None  # optimizer steps per row; None = the row's own (100K, big 300K)
     warmup: int  # warmup_steps of the learning-rate schedule (the paper: 4000 of 100K steps)
-    lr_peak: float | None  # the schedule's peak for base's width (row_lr_peak scales it); None = eq. (3)'s d_model^-0.5 * warmup^-0.5
+    lr_peak: (
+        float | None
+    )  # the schedule's peak for base's width (row_lr_peak scales it); None = eq. (3)'s d_model^-0.5 * warmup^-0.5
     batch_tokens: int  # source (and target) positions per optimizer step (the paper: about 25000)
     accumulation: int  # micro-batches per optimizer step; each holds batch_tokens / accumulation
     preset: str  # data preset used unless --preset says otherwise
@@ -54,29 +57,106 @@ class Budget:
 BUDGETS: dict[str, Budget] = {
     # The whole grid on 2 CPU cores in CI: every row trains, scores and records; far too little to translate.
     # Warmup = steps keeps eq. (3)'s rate low at d_model 64 (docs/ablations.md, "Budgets").
-    "smoke": Budget("smoke", scale=8, steps=24, warmup=24, lr_peak=None, batch_tokens=400, accumulation=1, preset="multi30k",
-                    vocab_size=1000, max_train_pairs=4000, dev_pairs=100, max_sentence_tokens=64,
-                    log_every=4, eval_every=12, checkpoint_every=8, compile=False),
+    "smoke": Budget(
+        "smoke",
+        scale=8,
+        steps=24,
+        warmup=24,
+        lr_peak=None,
+        batch_tokens=400,
+        accumulation=1,
+        preset="multi30k",
+        vocab_size=1000,
+        max_train_pairs=4000,
+        dev_pairs=100,
+        max_sentence_tokens=64,
+        log_every=4,
+        eval_every=12,
+        checkpoint_every=8,
+        compile=False,
+    ),
     # The Table 3 grid a 2-core CPU can train (docs/ablations.md has the studies behind it): sizes / 8, each row
     # started with the stds of its paper-size counterpart (init paper-width), full Multi30k with a 2000-token BPE,
     # 1500-token batches, eq. (3)'s shape peaking at 3e-3 after 500 steps, 4000 steps a row.
-    "cpu": Budget("cpu", scale=8, steps=4000, warmup=500, lr_peak=3e-3, batch_tokens=1500, accumulation=1,
-                  preset="multi30k", vocab_size=2000, max_train_pairs=None, dev_pairs=None, max_sentence_tokens=100,
-                  log_every=50, eval_every=250, checkpoint_every=250, compile=False, init="paper-width"),
+    "cpu": Budget(
+        "cpu",
+        scale=8,
+        steps=4000,
+        warmup=500,
+        lr_peak=3e-3,
+        batch_tokens=1500,
+        accumulation=1,
+        preset="multi30k",
+        vocab_size=2000,
+        max_train_pairs=None,
+        dev_pairs=None,
+        max_sentence_tokens=100,
+        log_every=50,
+        eval_every=250,
+        checkpoint_every=250,
+        compile=False,
+        init="paper-width",
+    ),
     # The first CPU grid (docs/ablations.md has its study and results): as cpu, but every row drew Xavier at its own
     # width, whose stds at d_model 64 are about 2.8x those of the paper's width; kept so that its results regenerate.
-    "cpu-xavier": Budget("cpu-xavier", scale=8, steps=4000, warmup=500, lr_peak=3e-3, batch_tokens=1500, accumulation=1,
-                         preset="multi30k", vocab_size=2000, max_train_pairs=None, dev_pairs=None, max_sentence_tokens=100,
-                         log_every=50, eval_every=250, checkpoint_every=250, compile=False, init="xavier"),
+    "cpu-xavier": Budget(
+        "cpu-xavier",
+        scale=8,
+        steps=4000,
+        warmup=500,
+        lr_peak=3e-3,
+        batch_tokens=1500,
+        accumulation=1,
+        preset="multi30k",
+        vocab_size=2000,
+        max_train_pairs=None,
+        dev_pairs=None,
+        max_sentence_tokens=100,
+        log_every=50,
+        eval_every=250,
+        checkpoint_every=250,
+        compile=False,
+        init="xavier",
+    ),
     # Real sizes on one GPU, 1% of the paper's base steps for every row (big included): a first look. Warmup = steps,
     # so that the rate peaks at the last step (docs/ablations.md, "Budgets").
-    "short": Budget("short", scale=1, steps=1000, warmup=1000, lr_peak=None, batch_tokens=12000, accumulation=1, preset="news",
-                    vocab_size=None, max_train_pairs=None, dev_pairs=None, max_sentence_tokens=128,
-                    log_every=25, eval_every=250, checkpoint_every=250, compile=True),
+    "short": Budget(
+        "short",
+        scale=1,
+        steps=1000,
+        warmup=1000,
+        lr_peak=None,
+        batch_tokens=12000,
+        accumulation=1,
+        preset="news",
+        vocab_size=None,
+        max_train_pairs=None,
+        dev_pairs=None,
+        max_sentence_tokens=128,
+        log_every=25,
+        eval_every=250,
+        checkpoint_every=250,
+        compile=True,
+    ),
     # The paper's recipe: 100K steps (big 300K) of 25000-token batches, warmup 4000, newstest2013 as dev.
-    "paper": Budget("paper", scale=1, steps=None, warmup=4000, lr_peak=None, batch_tokens=25000, accumulation=1, preset="wmt14",
-                    vocab_size=None, max_train_pairs=None, dev_pairs=None, max_sentence_tokens=256,
-                    log_every=100, eval_every=5000, checkpoint_every=1000, compile=True),
+    "paper": Budget(
+        "paper",
+        scale=1,
+        steps=None,
+        warmup=4000,
+        lr_peak=None,
+        batch_tokens=25000,
+        accumulation=1,
+        preset="wmt14",
+        vocab_size=None,
+        max_train_pairs=None,
+        dev_pairs=None,
+        max_sentence_tokens=256,
+        log_every=100,
+        eval_every=5000,
+        checkpoint_every=1000,
+        compile=True,
+    ),
 }
 
 
@@ -103,8 +183,9 @@ def row_config(row: Table3Row, b: Budget, vocab_size: int) -> TransformerConfig:
     the budget's init rule."""
     cfg = row.config()
     init_width = cfg.d_model if b.init == "paper-width" and b.scaled else 0
-    return scale(cfg, b, vocab_size, f"row {row.name}").replace(init="normal" if b.init == "normal" else "xavier",
-                                                                 init_width=init_width)
+    return scale(cfg, b, vocab_size, f"row {row.name}").replace(
+        init="normal" if b.init == "normal" else "xavier", init_width=init_width
+    )
 
 
 def row_steps(row: Table3Row, b: Budget) -> int:
@@ -159,9 +240,16 @@ def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: 
     """The row's training and scoring settings under the budget: bf16 and compilation on a GPU only."""
     gpu = device.type == "cuda"
     return TrainSettings(
-        steps=row_steps(row, b), warmup=b.warmup, lr_peak=row_lr_peak(row, b), batch_tokens=b.batch_tokens,
-        accumulation=accumulation or b.accumulation, max_sentence_tokens=b.max_sentence_tokens, log_every=b.log_every,
-        eval_every=b.eval_every, checkpoint_every=b.checkpoint_every, precision="bf16" if gpu else "fp32",
+        steps=row_steps(row, b),
+        warmup=b.warmup,
+        lr_peak=row_lr_peak(row, b),
+        batch_tokens=b.batch_tokens,
+        accumulation=accumulation or b.accumulation,
+        max_sentence_tokens=b.max_sentence_tokens,
+        log_every=b.log_every,
+        eval_every=b.eval_every,
+        checkpoint_every=b.checkpoint_every,
+        precision="bf16" if gpu else "fp32",
         compile=b.compile and gpu,
     )
 
@@ -181,7 +269,9 @@ def select_rows(text: str) -> list[Table3Row]:
             wanted.update(group)
         else:
             groups = sorted({r.group for r in rows if r.group not in names})
-            raise ValueError(f"unknown row {item!r}; valid rows: all, {', '.join(r.name for r in rows)}; groups: {', '.join(groups)}")
+            raise ValueError(
+                f"unknown row {item!r}; valid rows: all, {', '.join(r.name for r in rows)}; groups: {', '.join(groups)}"
+            )
     if not wanted:
         raise ValueError("no rows selected; give --rows all or names such as base,A,C3")
     return [r for r in rows if r.name in wanted]

@@ -10,6 +10,7 @@ end, and which runs ended on the unigram plateau or collapsed) and one figure of
     python -m ablations.compare --rows base,C1,C3,C5,D2,B1,E1,big --models reference@normal \\
         --schedules 3e-3/500 1e-3/500 --steps 2000 --out reports/compare/pilot
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,7 +44,13 @@ from model.registry import ModelSpec, parse_spec  # noqa: E402
 
 COLUMNS = ["model", "row", "seed", "step", "dev_ppl", "bleu", "status", "run"]
 PANELS_PER_LINE = 4  # rows' panels per line of the figure, so that eight rows stay readable
-DEFAULT_MODELS = ("reference@xavier", "reference@paper-width", "reference@normal", "hf-marian@normal", "torch-nn@xavier")
+DEFAULT_MODELS = (
+    "reference@xavier",
+    "reference@paper-width",
+    "reference@normal",
+    "hf-marian@normal",
+    "torch-nn@xavier",
+)
 
 
 @dataclass(frozen=True)
@@ -91,7 +98,9 @@ def parse_schedule(text: str) -> Schedule:
     except ValueError:
         schedule = None
     if not slash or schedule is None or not 0 < schedule.lr_peak < 1 or schedule.warmup < 1:
-        raise ValueError(f"--schedules {text!r}: give PEAK/WARMUP such as 1e-3/500 (a peak in (0, 1), warmup steps >= 1)")
+        raise ValueError(
+            f"--schedules {text!r}: give PEAK/WARMUP such as 1e-3/500 (a peak in (0, 1), warmup steps >= 1)"
+        )
     return schedule
 
 
@@ -122,9 +131,18 @@ def curves(entries: list[Entry], grids: list[Grid], data: PreparedData) -> pd.Da
                 final = R.read_final(directory) or {}
                 for record in R.read_metrics(directory):
                     if record.get("dev_ppl") is not None:
-                        lines.append({"model": entry.label, "row": row.name, "seed": seed, "step": record["step"],
-                                      "dev_ppl": record["dev_ppl"], "bleu": final.get("bleu"),
-                                      "status": final.get("status", "unfinished"), "run": directory.name})
+                        lines.append(
+                            {
+                                "model": entry.label,
+                                "row": row.name,
+                                "seed": seed,
+                                "step": record["step"],
+                                "dev_ppl": record["dev_ppl"],
+                                "bleu": final.get("bleu"),
+                                "status": final.get("status", "unfinished"),
+                                "run": directory.name,
+                            }
+                        )
     return pd.DataFrame(lines, columns=COLUMNS)
 
 
@@ -135,10 +153,18 @@ def table(found: pd.DataFrame, plateau: float, vocab: int) -> str:
         return "(no run has been evaluated yet)\n"
     ppl = found.pivot_table(index=["row", "model"], columns="step", values="dev_ppl", aggfunc="mean", sort=False)
     ppl.columns = [f"PPL@{c}" for c in ppl.columns]
-    ended = found[found["status"] == "finished"].sort_values("step").groupby(["row", "model", "seed"], sort=False).last()
-    ended = ended.assign(verdict=[verdict(p, plateau, vocab) for p in ended["dev_ppl"]]).groupby(["row", "model"], sort=False)
-    summary = pd.DataFrame({"BLEU (end)": ended["bleu"].mean(),
-                            "ended": ended["verdict"].agg(lambda v: ", ".join(f"{n} {k}" for k, n in v.value_counts().items()))})
+    ended = (
+        found[found["status"] == "finished"].sort_values("step").groupby(["row", "model", "seed"], sort=False).last()
+    )
+    ended = ended.assign(verdict=[verdict(p, plateau, vocab) for p in ended["dev_ppl"]]).groupby(
+        ["row", "model"], sort=False
+    )
+    summary = pd.DataFrame(
+        {
+            "BLEU (end)": ended["bleu"].mean(),
+            "ended": ended["verdict"].agg(lambda v: ", ".join(f"{n} {k}" for k, n in v.value_counts().items())),
+        }
+    )
     shown = ppl.join(summary).reset_index()
     return shown.to_markdown(index=False, floatfmt=".3g") + "\n"
 
@@ -150,15 +176,31 @@ def figure(found: pd.DataFrame, path: Path, title: str) -> None:
     cols = min(max(len(rows), 1), PANELS_PER_LINE)
     lines = -(-max(len(rows), 1) // cols)
     fig, axes = plt.subplots(lines, cols, figsize=(3.6 * cols, 3.4 * lines), squeeze=False, sharey=True)
-    for ax in axes.flat[len(rows):]:
+    for ax in axes.flat[len(rows) :]:
         ax.set_visible(False)
     for ax, row in zip(axes.flat, rows):
-        sns.lineplot(found[found["row"] == row], x="step", y="dev_ppl", hue="model", hue_order=models, palette=palette,
-                     marker="o", ax=ax, legend=False, errorbar=None)
+        sns.lineplot(
+            found[found["row"] == row],
+            x="step",
+            y="dev_ppl",
+            hue="model",
+            hue_order=models,
+            palette=palette,
+            marker="o",
+            ax=ax,
+            legend=False,
+            errorbar=None,
+        )
         ax.set(yscale="log", title=f"row {row}", ylabel="dev PPL", xlabel="step")
         ax.yaxis.set_major_formatter(ScalarFormatter())
     handles = [Line2D([], [], color=palette[m], marker="o", label=m) for m in models]
-    fig.legend(handles=handles, loc="lower center", ncol=min(len(models), 4), fontsize=8, bbox_to_anchor=(0.5, -0.02 - 0.05 * (len(models) // 5)))
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        ncol=min(len(models), 4),
+        fontsize=8,
+        bbox_to_anchor=(0.5, -0.02 - 0.05 * (len(models) // 5)),
+    )
     fig.suptitle(title, fontsize=9)
     fig.tight_layout(rect=(0, (0.08 + 0.05 * (len(models) // 5)) / lines, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -166,29 +208,52 @@ def figure(found: pd.DataFrame, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def write_report(found: pd.DataFrame, out: Path, budget: Budget, command: str, data: PreparedData, schedules: bool) -> None:
-    schedule = "schedules (peak lr/warmup) as labelled" if schedules else (
-        f"peak lr {budget.lr_peak:g}, warmup {budget.warmup}" if budget.lr_peak else f"eq. (3)'s rate, warmup {budget.warmup}")
-    title = (f"budget {budget.name}, {budget.steps} steps, {schedule}, {budget.batch_tokens}-token batches; "
-             f"{data.preset}, {len(data.dev_src)} dev pairs")
+def write_report(
+    found: pd.DataFrame, out: Path, budget: Budget, command: str, data: PreparedData, schedules: bool
+) -> None:
+    schedule = (
+        "schedules (peak lr/warmup) as labelled"
+        if schedules
+        else (
+            f"peak lr {budget.lr_peak:g}, warmup {budget.warmup}"
+            if budget.lr_peak
+            else f"eq. (3)'s rate, warmup {budget.warmup}"
+        )
+    )
+    title = (
+        f"budget {budget.name}, {budget.steps} steps, {schedule}, {budget.batch_tokens}-token batches; "
+        f"{data.preset}, {len(data.dev_src)} dev pairs"
+    )
     plateau, vocab = unigram_perplexity(data), data.sp.get_piece_size()
     figure(found, out.with_suffix(".png"), title)
     write_atomic(out.with_suffix(".csv"), found.to_csv(index=False))
     date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
-    write_atomic(out.with_suffix(".md"), f"# Training cross-check: {title}\n\n"
-                 f"Regenerate: `{command}` (commit {git_commit()}, {date}, {machine_line()}, one thread per process).\n\n"
-                 f"![dev PPL by step]({out.with_suffix('.png').name})\n\n{table(found, plateau, vocab)}\n"
-                 f"`ended`: a finished run's last dev PPL (eval mode) above the vocabulary size ({vocab}, uniform) is "
-                 f"*collapsed*; above half the unigram PPL ({plateau:.0f}: every target token predicted by its training "
-                 f"frequency) it is on the *plateau*; below, it *learns*.\n")
+    write_atomic(
+        out.with_suffix(".md"),
+        f"# Training cross-check: {title}\n\n"
+        f"Regenerate: `{command}` (commit {git_commit()}, {date}, {machine_line()}, one thread per process).\n\n"
+        f"![dev PPL by step]({out.with_suffix('.png').name})\n\n{table(found, plateau, vocab)}\n"
+        f"`ended`: a finished run's last dev PPL (eval mode) above the vocabulary size ({vocab}, uniform) is "
+        f"*collapsed*; above half the unigram PPL ({plateau:.0f}: every target token predicted by its training "
+        f"frequency) it is on the *plateau*; below, it *learns*.\n",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
     p = options.OneLineParser(prog="python -m ablations.compare", description=__doc__.split("\n")[0])
-    p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS),
-                   help=f"SPEC[@RULE] entries, RULE one of {', '.join(INIT_RULES)} (default: {' '.join(DEFAULT_MODELS)})")
-    p.add_argument("--schedules", nargs="+", type=str, default=[],
-                   help="PEAK/WARMUP schedules, each with every model, such as 3e-3/500 1e-3/500 (default: the budget's)")
+    p.add_argument(
+        "--models",
+        nargs="+",
+        default=list(DEFAULT_MODELS),
+        help=f"SPEC[@RULE] entries, RULE one of {', '.join(INIT_RULES)} (default: {' '.join(DEFAULT_MODELS)})",
+    )
+    p.add_argument(
+        "--schedules",
+        nargs="+",
+        type=str,
+        default=[],
+        help="PEAK/WARMUP schedules, each with every model, such as 3e-3/500 1e-3/500 (default: the budget's)",
+    )
     p.add_argument("--rows", default="base,C1,C3", help="Table 3 rows (default base,C1,C3)")
     p.add_argument("--budget", default="cpu", choices=list(BUDGETS), help="budget (default cpu)")
     p.add_argument("--seeds", default="1", help="seed numbers: 1 or 1-3 (default 1)")
@@ -227,8 +292,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{entry.label}: rows {args.rows}, seeds {args.seeds}", file=sys.stderr)
                     run_grid(grid, data)
             except Stopped as stop:
-                print(f"{stop}; finished runs are kept; resume with: python -m ablations.compare {' '.join(argv)}",
-                      file=sys.stderr)
+                print(
+                    f"{stop}; finished runs are kept; resume with: python -m ablations.compare {' '.join(argv)}",
+                    file=sys.stderr,
+                )
                 return stop.exit_status
         command = "python -m ablations.compare " + " ".join(a for a in argv if a != "--report-only")
         write_report(curves(entries, grids, data), Path(args.out), budget, command, data, bool(args.schedules))

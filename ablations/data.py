@@ -5,6 +5,7 @@ The data folder is `--data DIR`, else the AIAYN_DATA environment variable, else 
 Files are read with split('\\n'), not splitlines(): two newstest files contain U+0085 inside lines.
 Every problem with the data is a DataError whose message is one line saying what to fix.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -19,10 +20,22 @@ from tqdm.auto import tqdm
 ENV_VAR = "AIAYN_DATA"
 DEFAULT_DIR = Path("..") / "shared" / "data"  # relative to the working directory: the repository root's sibling
 HOW_TO_GET = "see docs/ablations.md, section 'Data'"
-NEWS_EXTRA = [f"wmt_newstest_ende/extra/{name}" for name in (
-    "news-test2008", "newstest2009", "newstest2010", "newstest2011", "newstest2012",
-    "newstest2015", "newstest2016", "newstest2017", "newstest2018", "newstest2019", "newstest2020",
-)]
+NEWS_EXTRA = [
+    f"wmt_newstest_ende/extra/{name}"
+    for name in (
+        "news-test2008",
+        "newstest2009",
+        "newstest2010",
+        "newstest2011",
+        "newstest2012",
+        "newstest2015",
+        "newstest2016",
+        "newstest2017",
+        "newstest2018",
+        "newstest2019",
+        "newstest2020",
+    )
+]
 
 
 class DataError(ValueError):
@@ -43,16 +56,27 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     "multi30k": Preset(
-        "multi30k", ("multi30k/train",), "multi30k/val", "multi30k/test_2016_flickr", 8000,
+        "multi30k",
+        ("multi30k/train",),
+        "multi30k/val",
+        "multi30k/test_2016_flickr",
+        8000,
         "Multi30k task 1: train / val / test_2016_flickr",
     ),
     "news": Preset(
-        "news", ("tatoeba_deu_eng_manythings_2018/deu-eng", "multi30k/train", *NEWS_EXTRA),
-        "wmt_newstest_ende/newstest2013", "wmt_newstest_ende/newstest2014", 16000,
+        "news",
+        ("tatoeba_deu_eng_manythings_2018/deu-eng", "multi30k/train", *NEWS_EXTRA),
+        "wmt_newstest_ende/newstest2013",
+        "wmt_newstest_ende/newstest2014",
+        16000,
         "Tatoeba + Multi30k + newstest 2008-2012, 2015-2020; dev newstest2013 (the paper's); test newstest2014",
     ),
     "wmt14": Preset(
-        "wmt14", ("wmt14/train",), "wmt_newstest_ende/newstest2013", "wmt_newstest_ende/newstest2014", 37000,
+        "wmt14",
+        ("wmt14/train",),
+        "wmt_newstest_ende/newstest2013",
+        "wmt_newstest_ende/newstest2014",
+        37000,
         "your own WMT14 EN-DE training text at <data>/wmt14/train.{en,de}; dev newstest2013; test newstest2014",
     ),
 }
@@ -86,7 +110,9 @@ def data_dir(option: str | os.PathLike | None = None) -> Path:
     chosen = option or os.environ.get(ENV_VAR) or DEFAULT_DIR
     path = Path(chosen).expanduser()
     if not path.is_dir():
-        raise DataError(f"data folder {path} not found; pass --data DIR or set {ENV_VAR} to the folder holding multi30k/, wmt_newstest_ende/, ... ({HOW_TO_GET})")
+        raise DataError(
+            f"data folder {path} not found; pass --data DIR or set {ENV_VAR} to the folder holding multi30k/, wmt_newstest_ende/, ... ({HOW_TO_GET})"
+        )
     return path
 
 
@@ -111,8 +137,10 @@ def read_lines(path: Path) -> list[str]:
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise DataError(f"{path}, line {line}, byte {column}: {raw[exc.start:exc.start + 1]!r} is not UTF-8; "
-                        f"convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+        raise DataError(
+            f"{path}, line {line}, byte {column}: {raw[exc.start : exc.start + 1]!r} is not UTF-8; "
+            f"convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
     lines = text.split("\n")
     return lines[:-1] if lines and lines[-1] == "" else lines
 
@@ -122,7 +150,9 @@ def read_pairs(root: Path, stem: str, preset: str) -> Pairs:
     en_path, de_path = (_language_file(root, stem, lang, preset) for lang in ("en", "de"))
     en, de = read_lines(en_path), read_lines(de_path)
     if len(en) != len(de):
-        raise DataError(f"{en_path} has {len(en)} lines but {de_path} has {len(de)}; the .en and .de files must be line-aligned")
+        raise DataError(
+            f"{en_path} has {len(en)} lines but {de_path} has {len(de)}; the .en and .de files must be line-aligned"
+        )
     kept = [(s, t) for s, t in zip(map(normalise, en), map(normalise, de)) if s and t]
     if not kept:
         raise DataError(f"corpus {root / stem}.{{en,de}} is empty (no line pair with text on both sides)")
@@ -144,7 +174,9 @@ def preset_named(name: str) -> Preset:
     return PRESETS[name]
 
 
-def load_corpus(preset: str, root: Path, max_train_pairs: int | None = None, max_dev_pairs: int | None = None, seed: int = 0) -> Corpus:
+def load_corpus(
+    preset: str, root: Path, max_train_pairs: int | None = None, max_dev_pairs: int | None = None, seed: int = 0
+) -> Corpus:
     """The preset's training, dev and test sets; training pairs sharing a sentence with dev or test are removed,
     the rest deduplicated and shuffled by seed, then cut to max_train_pairs."""
     spec = preset_named(preset)

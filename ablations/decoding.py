@@ -6,6 +6,7 @@ a model that declares `kv_cache` unsupported is decoded by re-running the whole 
 (Wu et al. 2016), |y| counting the EOS. A sentence stops once its `beam` best finished hypotheses
 cannot be beaten by any live one (the tensor2tensor bound), or at its maximum length.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -27,8 +28,15 @@ def supports_kv_cache(model: Seq2SeqModel) -> bool:
 
 
 @torch.no_grad()
-def beam_search(model: Seq2SeqModel, src: Tensor, src_pad: Tensor, beam: int = 4, alpha: float = 0.6, extra_len: int = 50,
-                use_cache: bool | None = None) -> list[list[int]]:
+def beam_search(
+    model: Seq2SeqModel,
+    src: Tensor,
+    src_pad: Tensor,
+    beam: int = 4,
+    alpha: float = 0.6,
+    extra_len: int = 50,
+    use_cache: bool | None = None,
+) -> list[list[int]]:
     """The best hypothesis (ids without BOS and EOS) for each source row of src (B, S)."""
     use_cache = supports_kv_cache(model) if use_cache is None else use_cache
     B, K, device = src.size(0), beam, src.device
@@ -103,14 +111,24 @@ def _collect_finished(finished, done, tokens, top_scores, top_beam, is_eos, K: i
         finished[b].append((top_scores[b, j].item() / length_penalty(t, alpha), tokens[row, 1:].tolist()))
 
 
-def translate(model: Seq2SeqModel, src_ids: list[list[int]], device: torch.device, max_tokens: int = 2000, beam: int = 4,
-              alpha: float = 0.6, extra_len: int = 50, autocast: torch.dtype | None = None,
-              on_batch: Callable[[int], None] | None = None) -> list[list[int]]:
+def translate(
+    model: Seq2SeqModel,
+    src_ids: list[list[int]],
+    device: torch.device,
+    max_tokens: int = 2000,
+    beam: int = 4,
+    alpha: float = 0.6,
+    extra_len: int = 50,
+    autocast: torch.dtype | None = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[list[int]]:
     """Beam search over many sentences in batches of similar length; results in the input order.
     on_batch, if given, is called with the number of sentences each batch translated (a progress bar's update)."""
     if not supports_kv_cache(model):
-        warnings.warn(f"model has no KV cache ({model.unsupported['kv_cache']}); beam search re-decodes the whole prefix at each step (slower, same result)",
-                      stacklevel=2)
+        warnings.warn(
+            f"model has no KV cache ({model.unsupported['kv_cache']}); beam search re-decodes the whole prefix at each step (slower, same result)",
+            stacklevel=2,
+        )
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
     out: list[list[int]] = [[] for _ in src_ids]
     model.eval()

@@ -8,6 +8,7 @@ its share of each step's micro-batches (`shard`), so a step trains on exactly th
 single-process run with the same --accumulation; DDP averages the gradients. Rank 0 alone writes
 logs, checkpoints and results (and holds the run's lock); every rank resumes from the same checkpoint.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -59,8 +60,10 @@ def setup(ranks: Ranks, device: torch.device) -> torch.device:
         return device
     if device.type == "cuda":
         if torch.cuda.device_count() <= ranks.local_rank:
-            raise ValueError(f"rank {ranks.rank} wants GPU {ranks.local_rank} but this machine shows "
-                             f"{torch.cuda.device_count()}; start at most that many processes per node")
+            raise ValueError(
+                f"rank {ranks.rank} wants GPU {ranks.local_rank} but this machine shows "
+                f"{torch.cuda.device_count()}; start at most that many processes per node"
+            )
         device = torch.device("cuda", ranks.local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
@@ -76,13 +79,15 @@ def teardown() -> None:
 def check_accumulation(accumulation: int, ranks: Ranks) -> None:
     """Each rank takes whole micro-batches, so a step's micro-batches must divide evenly among the ranks."""
     if accumulation % ranks.world:
-        raise ValueError(f"--accumulation {accumulation} cannot be split among {ranks.world} processes; give a multiple "
-                         f"of {ranks.world}, e.g. --accumulation {ranks.world} (the same batches as one process with it)")
+        raise ValueError(
+            f"--accumulation {accumulation} cannot be split among {ranks.world} processes; give a multiple "
+            f"of {ranks.world}, e.g. --accumulation {ranks.world} (the same batches as one process with it)"
+        )
 
 
 def shard(micro_batches: Sequence[T], ranks: Ranks) -> list[T]:
     """This rank's micro-batches of a step: every world-th one, starting at the rank."""
-    return list(micro_batches[ranks.rank::ranks.world])
+    return list(micro_batches[ranks.rank :: ranks.world])
 
 
 def wrap(model: nn.Module, ranks: Ranks, device: torch.device) -> nn.Module:

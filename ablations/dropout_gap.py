@@ -6,6 +6,7 @@ far above the vocabulary size. Scoring the same weights both ways tells that apa
 where both are high. Reads each run's weights (model.pt, else checkpoint.pt), its BPE from the runs folder's cache,
 and its preset's dev set (only that: the training set is not read).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ablations.dropout_gap", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (<runs>/<budget>/<row>-s<seed>-<hash>)")
     parser.add_argument("--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)")
-    parser.add_argument("--pairs", type=int, default=300,
-                        help="leading dev pairs scored (default 300; at most the budget's dev set)")
+    parser.add_argument(
+        "--pairs", type=int, default=300, help="leading dev pairs scored (default 300; at most the budget's dev set)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the dropout masks (default 0)")
     args = parser.parse_args(argv)
     try:

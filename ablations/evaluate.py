@@ -5,6 +5,7 @@ recorded), plus a "tokenised" column with tokenize='intl' (mteval-v14 internatio
 which splits punctuation and compound hyphens off words): closer to the paper's tokenised
 multi-bleu.perl with ##AT##-##AT## compound splitting, but not identical to it.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,16 @@ from model.protocol import Seq2SeqModel
 
 
 @torch.no_grad()
-def perplexity(model: Seq2SeqModel, src: list[list[int]], tgt: list[list[int]], device: torch.device, max_tokens: int = 4000,
-               autocast: torch.dtype | None = None, progress: str | None = None, dropout: bool = False) -> float:
+def perplexity(
+    model: Seq2SeqModel,
+    src: list[list[int]],
+    tgt: list[list[int]],
+    device: torch.device,
+    max_tokens: int = 4000,
+    autocast: torch.dtype | None = None,
+    progress: str | None = None,
+    dropout: bool = False,
+) -> float:
     """exp(mean negative log-likelihood per target BPE token, EOS included), with no label smoothing.
 
     With `progress` (a label), a bar counts the sentences scored. `dropout` scores in training mode (dropout on), as
@@ -31,13 +40,21 @@ def perplexity(model: Seq2SeqModel, src: list[list[int]], tgt: list[list[int]], 
     model.train(dropout)
     total_nll, total_tokens = 0.0, 0
     batches = bucketed_batches([len(x) for x in src], [len(y) for y in tgt], max_tokens, seed=0, epoch=0)
-    with tqdm(total=len(src), desc=f"{progress}: dev perplexity", unit="sent", leave=False, dynamic_ncols=True,
-              disable=progress is None) as bar:
+    with tqdm(
+        total=len(src),
+        desc=f"{progress}: dev perplexity",
+        unit="sent",
+        leave=False,
+        dynamic_ncols=True,
+        disable=progress is None,
+    ) as bar:
         for chosen in batches:
             batch = make_batch([src[i] for i in chosen], [tgt[i] for i in chosen]).to(device)
             with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
                 logits = batch.forward(model)
-            mean_nll = label_smoothed_loss(logits if autocast is None else logits.float(), batch.labels, model.config.pad_id, 0.0)
+            mean_nll = label_smoothed_loss(
+                logits if autocast is None else logits.float(), batch.labels, model.config.pad_id, 0.0
+            )
             total_nll += mean_nll.item() * batch.tgt_tokens
             total_tokens += batch.tgt_tokens
             bar.update(len(chosen))
@@ -60,13 +77,29 @@ def bleu(hypotheses: list[str], references: list[str]) -> BleuScores:
     return BleuScores(score.score, score_tok.score, signature, hypotheses)
 
 
-def dev_bleu(model: Seq2SeqModel, sp: spm.SentencePieceProcessor, src: list[list[int]], references: list[str], device: torch.device,
-             beam: int = 4, alpha: float = 0.6, extra_len: int = 50, autocast: torch.dtype | None = None,
-             max_tokens: int = 2000, progress: str | None = None) -> BleuScores:
+def dev_bleu(
+    model: Seq2SeqModel,
+    sp: spm.SentencePieceProcessor,
+    src: list[list[int]],
+    references: list[str],
+    device: torch.device,
+    beam: int = 4,
+    alpha: float = 0.6,
+    extra_len: int = 50,
+    autocast: torch.dtype | None = None,
+    max_tokens: int = 2000,
+    progress: str | None = None,
+) -> BleuScores:
     """Beam-search the dev sources (max_tokens source tokens a batch), detokenise, score against the raw references.
 
     With `progress` (a label), a bar shows sentences translated, sentences/s and the time left."""
-    with tqdm(total=len(src), desc=f"{progress}: beam search", unit="sent", leave=False, dynamic_ncols=True,
-              disable=progress is None) as bar:
+    with tqdm(
+        total=len(src),
+        desc=f"{progress}: beam search",
+        unit="sent",
+        leave=False,
+        dynamic_ncols=True,
+        disable=progress is None,
+    ) as bar:
         hyps = translate(model, src, device, max_tokens, beam, alpha, extra_len, autocast, on_batch=bar.update)
     return bleu(sp.decode(hyps), references)

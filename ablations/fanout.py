@@ -9,6 +9,7 @@ and the runs folder stays the single source of truth: a run already finished is 
 resumes from its checkpoint, so runs may finish anywhere, in any order, and a fan-out can simply be
 started again. Every option after the fan-out's own is an option of `python -m ablations run`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,11 @@ def split(run_argv: list[str]) -> tuple[RunOptions, list[Job]]:
     """The `run` options, parsed and checked, and one job per (row, seed) they select, in the paper's order."""
     request = options.parse(run_argv)
     common = without(list(request.argv), NARROWED)
-    jobs = [Job(row.name, seed, ("run", *common, "--rows", row.name, "--seeds", str(seed)))
-            for row in request.rows for seed in request.seeds]
+    jobs = [
+        Job(row.name, seed, ("run", *common, "--rows", row.name, "--seeds", str(seed)))
+        for row in request.rows
+        for seed in request.seeds
+    ]
     return request, jobs
 
 
@@ -98,9 +102,13 @@ def run_local(jobs: list[Job], slots: list[str | None], log_dir: Path) -> dict[s
                 with lock:
                     if stopping:
                         return 128 + stopping[0]
-                    process = subprocess.Popen([sys.executable, "-m", "ablations", *job.argv], stdout=log,
-                                               stderr=subprocess.STDOUT, env=job_environment(slot, len(slots)),
-                                               start_new_session=True)
+                    process = subprocess.Popen(
+                        [sys.executable, "-m", "ablations", *job.argv],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=job_environment(slot, len(slots)),
+                        start_new_session=True,
+                    )
                     running.add(process)
                 try:
                     return process.wait()
@@ -131,8 +139,9 @@ def run_local(jobs: list[Job], slots: list[str | None], log_dir: Path) -> dict[s
     return codes
 
 
-def summary(request: RunOptions, jobs: list[Job], data: PreparedData, device: torch.device,
-            codes: dict[str, int]) -> tuple[str, bool]:
+def summary(
+    request: RunOptions, jobs: list[Job], data: PreparedData, device: torch.device, codes: dict[str, int]
+) -> tuple[str, bool]:
     """The closing summary read from the runs folder (the one source of truth) and whether every run finished.
 
     `device` is the jobs' device type (it is part of a run's identity: bf16 and compilation on a GPU).
@@ -148,17 +157,24 @@ def summary(request: RunOptions, jobs: list[Job], data: PreparedData, device: to
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(prog="python -m ablations.fanout", description=__doc__.split("\n")[0],
-                                epilog="Any other option is passed to every `python -m ablations run`.")
+    p = argparse.ArgumentParser(
+        prog="python -m ablations.fanout",
+        description=__doc__.split("\n")[0],
+        epilog="Any other option is passed to every `python -m ablations run`.",
+    )
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--gpus", help="GPU indices of this machine, one run on each at a time: 0,1,2,3")
     where.add_argument("--workers", type=int, help="this many plain processes at a time (with --device cpu)")
     where.add_argument("--slurm", action="store_true", help="one SLURM job per run through submitit")
-    where.add_argument("--submitit-local", action="store_true", help="submitit's local executor (to try the SLURM path)")
+    where.add_argument(
+        "--submitit-local", action="store_true", help="submitit's local executor (to try the SLURM path)"
+    )
     p.add_argument("--partition", help="SLURM partition (--slurm)")
     p.add_argument("--time", type=int, default=60, help="minutes per job before submitit requeues it (default 60)")
     p.add_argument("--array-parallelism", type=int, default=32, help="SLURM jobs running at once (default 32)")
-    p.add_argument("--no-wait", action="store_true", help="submit and exit (--slurm); collect with `python -m ablations results`")
+    p.add_argument(
+        "--no-wait", action="store_true", help="submit and exit (--slurm); collect with `python -m ablations results`"
+    )
     return p.parse_known_args(argv)
 
 
@@ -183,16 +199,26 @@ def main(argv: list[str] | None = None) -> int:
                 from ablations.slurm import submit  # submitit is an optional extra
             except ModuleNotFoundError as exc:
                 raise ValueError(f"{exc.name} is not installed; install the extra: pip install -e '.[slurm]'") from None
-            codes = submit(jobs, log_dir, local=own.submitit_local, partition=own.partition, minutes=own.time,
-                           parallelism=own.array_parallelism, wait=not own.no_wait)
+            codes = submit(
+                jobs,
+                log_dir,
+                local=own.submitit_local,
+                partition=own.partition,
+                minutes=own.time,
+                parallelism=own.array_parallelism,
+                wait=not own.no_wait,
+            )
             if codes is None:
                 return 0
         text, complete = summary(request, jobs, data, device, codes)
     except options.FORESEEN as exc:
         return options.failed(exc)
     except Stopped as stop:  # passed on to the runs under way by run_local: each saved a checkpoint
-        print(f"{stop}; no new run is started, finished runs are kept; resume with: python -m ablations.fanout "
-              f"{shlex.join(argv if argv is not None else sys.argv[1:])}", file=sys.stderr)
+        print(
+            f"{stop}; no new run is started, finished runs are kept; resume with: python -m ablations.fanout "
+            f"{shlex.join(argv if argv is not None else sys.argv[1:])}",
+            file=sys.stderr,
+        )
         return stop.exit_status
     print(text)
     return 0 if complete else 1

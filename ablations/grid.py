@@ -3,6 +3,7 @@
 Re-running a grid skips finished (and diverged) runs, resumes unfinished ones from their checkpoint,
 retries failed ones up to `max_attempts` times in all, and never overwrites a finished result.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -61,10 +62,21 @@ def prepare_data(b: Budget, preset: str, data: Path, runs: Path) -> PreparedData
     src, tgt = encode(sp, corpus.train, progress="encoding the training pairs")
     keep = [i for i in range(len(src)) if len(src[i]) <= b.max_sentence_tokens and len(tgt[i]) < b.max_sentence_tokens]
     dev_src, dev_tgt = encode(sp, corpus.dev)
-    summary = (f"{preset}: {len(keep)} training pairs ({corpus.removed_overlap} removed for sharing a sentence with dev/test, "
-               f"{len(src) - len(keep)} longer than {b.max_sentence_tokens} tokens), {len(dev_src)} dev pairs, BPE {vocab}")
-    return PreparedData(preset, sp, bpe_key(corpus.train, vocab), [src[i] for i in keep], [tgt[i] for i in keep],
-                        dev_src, dev_tgt, list(corpus.dev.tgt), summary)
+    summary = (
+        f"{preset}: {len(keep)} training pairs ({corpus.removed_overlap} removed for sharing a sentence with dev/test, "
+        f"{len(src) - len(keep)} longer than {b.max_sentence_tokens} tokens), {len(dev_src)} dev pairs, BPE {vocab}"
+    )
+    return PreparedData(
+        preset,
+        sp,
+        bpe_key(corpus.train, vocab),
+        [src[i] for i in keep],
+        [tgt[i] for i in keep],
+        dev_src,
+        dev_tgt,
+        list(corpus.dev.tgt),
+        summary,
+    )
 
 
 @dataclass(frozen=True)
@@ -82,8 +94,17 @@ class Grid:
     @classmethod
     def of(cls, options: RunOptions, device: torch.device | None = None, ranks: Ranks = SINGLE) -> Grid:
         """The grid a `run` request asks for, on `device` (else the request's)."""
-        return cls(options.budget, list(options.rows), list(options.seeds), options.spec, options.runs,
-                   device or options.device, options.accumulation, options.max_attempts, ranks)
+        return cls(
+            options.budget,
+            list(options.rows),
+            list(options.seeds),
+            options.spec,
+            options.runs,
+            device or options.device,
+            options.accumulation,
+            options.max_attempts,
+            ranks,
+        )
 
 
 def describe_device(device: torch.device, processes: int = 1) -> str:
@@ -106,10 +127,18 @@ def plan_run(grid: Grid, row: Table3Row, seed: int, data: PreparedData) -> R.Run
     b = grid.budget
     settings = settings_for(row, b, grid.device, grid.accumulation)
     config = row_config(row, b, data.sp.get_piece_size())
-    identity = {"row": row.name, "group": row.group, "seed": seed, "budget": b.name, "preset": data.preset,
-                "scaled": b.scaled, "model_spec": str(grid.model_spec), "config": config.to_dict(),
-                "train": settings.to_dict(), "data": {"bpe": data.bpe_key, "max_train_pairs": b.max_train_pairs,
-                                                       "dev_pairs": b.dev_pairs}}
+    identity = {
+        "row": row.name,
+        "group": row.group,
+        "seed": seed,
+        "budget": b.name,
+        "preset": data.preset,
+        "scaled": b.scaled,
+        "model_spec": str(grid.model_spec),
+        "config": config.to_dict(),
+        "train": settings.to_dict(),
+        "data": {"bpe": data.bpe_key, "max_train_pairs": b.max_train_pairs, "dev_pairs": b.dev_pairs},
+    }
     return R.Run.at(grid.runs, identity, settings, config)
 
 
@@ -121,8 +150,9 @@ def ended(directory: Path, max_attempts: int) -> str | None:
     return None
 
 
-def run_one(grid: Grid, row: Table3Row, seed: int, data: PreparedData,
-            on_step: Callable[[int], None] | None = None) -> tuple[Path, str]:
+def run_one(
+    grid: Grid, row: Table3Row, seed: int, data: PreparedData, on_step: Callable[[int], None] | None = None
+) -> tuple[Path, str]:
     """Train and score one row with one seed unless its result is already final; returns (run dir, status).
 
     The run's lock makes this process its one writer; a run another process holds is left to it (status
@@ -133,8 +163,9 @@ def run_one(grid: Grid, row: Table3Row, seed: int, data: PreparedData,
     return run.directory, status
 
 
-def claim_and_run(grid: Grid, run: R.Run, data: PreparedData,
-                  on_step: Callable[[int], None] | None = None) -> tuple[str, bool]:
+def claim_and_run(
+    grid: Grid, run: R.Run, data: PreparedData, on_step: Callable[[int], None] | None = None
+) -> tuple[str, bool]:
     """run_one's work: the run's status, and whether this process trained it (False: it had ended, or is busy)."""
     directory, main = run.directory, grid.ranks.main
     done = from_main(ended(directory, grid.max_attempts) if main else None, grid.ranks)
@@ -160,7 +191,10 @@ def prepare_directory(run: R.Run) -> None:
     problem = R.final_problem(directory)
     if problem:
         aside = R.set_aside(directory / R.FINAL, "damaged")
-        print(f"{run.label}: {directory / R.FINAL} is {problem}: set aside as {aside.name}; the run is done again", file=sys.stderr)
+        print(
+            f"{run.label}: {directory / R.FINAL} is {problem}: set aside as {aside.name}; the run is done again",
+            file=sys.stderr,
+        )
     (directory / R.FINAL).unlink(missing_ok=True)  # only a failed result reaches here: it is retried
     R.write_json(directory / R.CONFIG, run.identity)
 
@@ -169,10 +203,27 @@ def train_and_score(grid: Grid, run: R.Run, data: PreparedData, on_step: Callabl
     """Build, train (resuming), score and record one run whose lock this process holds; returns its status."""
     cfg, settings, directory, label = run.config, run.settings, run.directory, run.label
     header = {k: v for k, v in run.identity.items() if k not in ("config", "train", "data")}
-    final = {**header, "status": "finished", "error": None, "dev_ppl": None, "bleu": None, "bleu_tokenized": None,
-             "sacrebleu_signature": None, "params": None, "steps": 0, "tokens_seen": 0, "wall_s": None,
-             "tokens_per_s": None, "mfu": None, "gemm_fraction": None, "device": describe_device(grid.device, grid.ranks.world), "torch": torch.__version__,
-             "commit": git_commit(), "date": None, "config": cfg.to_dict()}
+    final = {
+        **header,
+        "status": "finished",
+        "error": None,
+        "dev_ppl": None,
+        "bleu": None,
+        "bleu_tokenized": None,
+        "sacrebleu_signature": None,
+        "params": None,
+        "steps": 0,
+        "tokens_seen": 0,
+        "wall_s": None,
+        "tokens_per_s": None,
+        "mfu": None,
+        "gemm_fraction": None,
+        "device": describe_device(grid.device, grid.ranks.world),
+        "torch": torch.__version__,
+        "commit": git_commit(),
+        "date": None,
+        "config": cfg.to_dict(),
+    }
     try:
         torch.manual_seed(run.seed)
         model = load_model(grid.model_spec.with_config(cfg)).to(grid.device)
@@ -182,8 +233,12 @@ def train_and_score(grid: Grid, run: R.Run, data: PreparedData, on_step: Callabl
         state = train(model, run, stream, (data.dev_src, data.dev_tgt), grid.device, on_step, grid.ranks)
         if not grid.ranks.main:
             return "trained"
-        final.update(steps=state.step, tokens_seen=state.tokens_seen, wall_s=state.wall_s,
-                     tokens_per_s=state.tokens_seen / state.wall_s if state.wall_s else None)
+        final.update(
+            steps=state.step,
+            tokens_seen=state.tokens_seen,
+            wall_s=state.wall_s,
+            tokens_per_s=state.tokens_seen / state.wall_s if state.wall_s else None,
+        )
         peak = peak_flops(grid.device)
         if final["tokens_per_s"]:  # about half the tokens are source, half target; tokens/s of all ranks
             half = final["tokens_per_s"] / 2
@@ -192,12 +247,28 @@ def train_and_score(grid: Grid, run: R.Run, data: PreparedData, on_step: Callabl
             # What this machine's fp32 GEMMs reach now, on this process's threads: the step's share of it.
             final["gemm_fraction"] = throughput(cfg, counts, half, half, 1.0, gemm_flops(grid.device))["gemm_fraction"]
         started = time.perf_counter()
-        final["dev_ppl"] = perplexity(model, data.dev_src, data.dev_tgt, grid.device, settings.micro_tokens, settings.autocast,
-                                      progress=label)
-        scores = dev_bleu(model, data.sp, data.dev_src, data.dev_refs, grid.device, settings.beam, settings.alpha,
-                          settings.extra_len, settings.autocast, max_tokens=settings.micro_tokens, progress=label)
-        final.update(bleu=scores.bleu, bleu_tokenized=scores.bleu_tokenized, sacrebleu_signature=scores.signature,
-                     eval_s=time.perf_counter() - started)
+        final["dev_ppl"] = perplexity(
+            model, data.dev_src, data.dev_tgt, grid.device, settings.micro_tokens, settings.autocast, progress=label
+        )
+        scores = dev_bleu(
+            model,
+            data.sp,
+            data.dev_src,
+            data.dev_refs,
+            grid.device,
+            settings.beam,
+            settings.alpha,
+            settings.extra_len,
+            settings.autocast,
+            max_tokens=settings.micro_tokens,
+            progress=label,
+        )
+        final.update(
+            bleu=scores.bleu,
+            bleu_tokenized=scores.bleu_tokenized,
+            sacrebleu_signature=scores.signature,
+            eval_s=time.perf_counter() - started,
+        )
         write_atomic(directory / R.HYPOTHESES, "".join(h + "\n" for h in scores.hypotheses))
     except Diverged as exc:  # every rank sees the same (summed) loss, so all ranks stop here together
         final.update(status="diverged", error=str(exc), steps=exc.step)
@@ -230,10 +301,15 @@ def run_grid(grid: Grid, data: PreparedData) -> list[tuple[Path, str]]:
     runs = [plan_run(grid, row, seed, data) for row in grid.rows for seed in grid.seeds]
     skipped = sum(ended(run.directory, grid.max_attempts) is not None for run in runs)
     if grid.ranks.main and skipped:
-        print(f"{skipped} of {len(runs)} runs already ended (finished, diverged, or failed {grid.max_attempts} times): "
-              f"skipped; {len(runs) - skipped} to run", file=sys.stderr)
+        print(
+            f"{skipped} of {len(runs)} runs already ended (finished, diverged, or failed {grid.max_attempts} times): "
+            f"skipped; {len(runs) - skipped} to run",
+            file=sys.stderr,
+        )
     outcomes = []
-    with tqdm(runs, desc=f"grid {grid.budget.name}", unit="run", dynamic_ncols=True, disable=not grid.ranks.main) as bar:
+    with tqdm(
+        runs, desc=f"grid {grid.budget.name}", unit="run", dynamic_ncols=True, disable=not grid.ranks.main
+    ) as bar:
         for run in bar:
             bar.set_postfix(row=run.row, seed=run.seed, skipped=skipped)
             status, trained = claim_and_run(grid, run, data)

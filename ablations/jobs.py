@@ -1,4 +1,5 @@
 """One run of a fanned-out grid as a job: shared by the local fan-out (ablations.fanout) and SLURM (ablations.slurm)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,6 +4,7 @@ The runner, the fan-out and the SLURM jobs take a RunOptions; every other comman
 `check_counts` and reports a foreseen error with `failed`, so that a bad value is one line on stderr and the
 exit status says what kind of error it was.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,7 +69,9 @@ def parse_seeds(text: str) -> list[int]:
     for part in text.split(","):
         match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
         if not match:
-            raise ValueError(f"--seeds {text!r}: give seed numbers such as 1 or 1,2,3 or 1-3 ({part.strip()!r} is not one)")
+            raise ValueError(
+                f"--seeds {text!r}: give seed numbers such as 1 or 1,2,3 or 1-3 ({part.strip()!r} is not one)"
+            )
         first, last = int(match[1]), int(match[2] or match[1])
         if last < first:
             raise ValueError(f"--seeds {text!r}: the range {part.strip()} is empty; write it upwards ({last}-{first})")
@@ -89,12 +92,20 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: no CUDA device is available; use --device cpu")
     if match[1] is not None and int(match[1]) >= torch.cuda.device_count():
-        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+        raise ValueError(
+            f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+        )
     return torch.device(name)
 
 
-def budget_with(name: str, steps: int | None = None, warmup: int | None = None, dev_pairs: int | None = None,
-                lr_peak: float | None = None, init: str | None = None) -> Budget:
+def budget_with(
+    name: str,
+    steps: int | None = None,
+    warmup: int | None = None,
+    dev_pairs: int | None = None,
+    lr_peak: float | None = None,
+    init: str | None = None,
+) -> Budget:
     """The named budget with the command line's overrides, where given."""
     b = budget(name)
     if steps is not None:
@@ -130,12 +141,16 @@ def check_model(parsed: ModelSpec, b: Budget, preset: str) -> None:
     spec = str(parsed)
     rows_set = sorted(set(parsed.overrides) & set(field_names()))
     if rows_set:
-        raise ValueError(f"--model {spec}: the grid sets {', '.join(rows_set)} per Table 3 row (every model config field "
-                         f"comes from the row); drop the override, or choose rows with --rows")
+        raise ValueError(
+            f"--model {spec}: the grid sets {', '.join(rows_set)} per Table 3 row (every model config field "
+            f"comes from the row); drop the override, or choose rows with --rows"
+        )
     entry = lookup(parsed.target)
     if entry is not None and entry.takes == "preset" and parsed.variant:
-        raise ValueError(f"--model {spec}: the grid builds each row's own config, so the preset :{parsed.variant} would "
-                         f"be ignored; drop it (the big model is --rows big)")
+        raise ValueError(
+            f"--model {spec}: the grid builds each row's own config, so the preset :{parsed.variant} would "
+            f"be ignored; drop it (the big model is --rows big)"
+        )
     base = select_rows("base")[0]
     vocab = b.vocab_size or PRESETS[preset].vocab_size
     try:
@@ -143,29 +158,54 @@ def check_model(parsed: ModelSpec, b: Budget, preset: str) -> None:
     except SpecError:
         raise
     except Exception as exc:  # noqa: BLE001 - a plugged-in model may raise anything on import or construction
-        raise ValueError(f"--model {spec}: building the model raised {type(exc).__name__}: {' '.join(str(exc).split())}") from None
+        raise ValueError(
+            f"--model {spec}: building the model raised {type(exc).__name__}: {' '.join(str(exc).split())}"
+        ) from None
     try:
         count_parameters(model.parameter_groups())
     except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"--model {spec}: parameter_groups() raised {type(exc).__name__}: {' '.join(str(exc).split())}") from None
+        raise ValueError(
+            f"--model {spec}: parameter_groups() raised {type(exc).__name__}: {' '.join(str(exc).split())}"
+        ) from None
 
 
 def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
     """Every option of `run`, checked before any work: a one-line ValueError (DataError, SpecError) naming the option,
     its value and what is allowed."""
-    check_counts(("--steps", args.steps), ("--warmup", args.warmup), ("--dev-pairs", args.dev_pairs),
-                 ("--accumulation", args.accumulation), ("--max-attempts", args.max_attempts), ("--threads", args.threads))
+    check_counts(
+        ("--steps", args.steps),
+        ("--warmup", args.warmup),
+        ("--dev-pairs", args.dev_pairs),
+        ("--accumulation", args.accumulation),
+        ("--max-attempts", args.max_attempts),
+        ("--threads", args.threads),
+    )
     b = budget_with(args.budget, args.steps, args.warmup, args.dev_pairs, args.lr_peak, args.init)
     if args.accumulation is not None and args.accumulation > b.batch_tokens:
-        raise ValueError(f"--accumulation {args.accumulation}: at most the budget's {b.batch_tokens} tokens per step "
-                         f"(each micro-batch holds {b.batch_tokens} / accumulation tokens)")
+        raise ValueError(
+            f"--accumulation {args.accumulation}: at most the budget's {b.batch_tokens} tokens per step "
+            f"(each micro-batch holds {b.batch_tokens} / accumulation tokens)"
+        )
     rows, seeds, device = select_rows(args.rows), parse_seeds(args.seeds), resolve_device(args.device)
     data, runs, preset = data_dir(args.data), Path(args.runs), args.preset or b.preset
     check_runs_folder(runs)
     spec = parse_spec(args.model)
     check_model(spec, b, preset)
-    return RunOptions(b, tuple(rows), tuple(seeds), spec, preset, data, runs, device, args.device, args.accumulation,
-                      args.max_attempts, args.threads, tuple(argv))
+    return RunOptions(
+        b,
+        tuple(rows),
+        tuple(seeds),
+        spec,
+        preset,
+        data,
+        runs,
+        device,
+        args.device,
+        args.accumulation,
+        args.max_attempts,
+        args.threads,
+        tuple(argv),
+    )
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -178,11 +218,18 @@ class OneLineParser(argparse.ArgumentParser):
 class Once(argparse.Action):
     """An option given twice is an error, not silently its last value."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
         seen = namespace.__dict__.setdefault("_given", set())
         if self.dest in seen:
-            parser.error(f"{option_string} is given twice ({getattr(namespace, self.dest)!r} and {values!r}); give it once")
+            parser.error(
+                f"{option_string} is given twice ({getattr(namespace, self.dest)!r} and {values!r}); give it once"
+            )
         seen.add(self.dest)
         setattr(namespace, self.dest, values)
 
@@ -190,25 +237,58 @@ class Once(argparse.Action):
 def add_arguments(run: argparse.ArgumentParser) -> None:
     """The options of `run`, each at most once."""
     run.register("action", "once", Once)
-    run.add_argument("--budget", default="smoke", choices=list(BUDGETS), action="once", help="smoke (CI), cpu (scaled, 2-core CPU), short (one GPU), paper")
+    run.add_argument(
+        "--budget",
+        default="smoke",
+        choices=list(BUDGETS),
+        action="once",
+        help="smoke (CI), cpu (scaled, 2-core CPU), short (one GPU), paper",
+    )
     run.add_argument("--rows", default="all", action="once", help="all, or names and groups: base,A,C3 (default all)")
     run.add_argument("--preset", choices=list(PRESETS), action="once", help="data preset (default: the budget's)")
     run.add_argument("--seeds", default="1", action="once", help="seed numbers: 1 or 1,2,3 or 1-3 (default 1)")
-    run.add_argument("--model", default=default_spec(), action="once", help="model spec (default $AIAYN_MODEL or reference)")
+    run.add_argument(
+        "--model", default=default_spec(), action="once", help="model spec (default $AIAYN_MODEL or reference)"
+    )
     run.add_argument("--data", action="once", help=f"data folder (default ${ENV_VAR} or ../shared/data)")
     run.add_argument("--runs", default=str(DEFAULT_RUNS), action="once", help="runs root (default ./runs)")
     run.add_argument("--device", default="auto", action="once", help="auto, cpu, cuda, cuda:N (default auto)")
-    run.add_argument("--steps", type=int, action="once", help="override the budget's optimizer steps per row (1 or more)")
-    run.add_argument("--warmup", type=int, action="once", help="override the budget's warmup_steps of the learning-rate schedule")
-    run.add_argument("--lr-peak", type=float, action="once",
-                     help="override the budget's peak learning rate (base's width; wider rows get less, as eq. (3))")
-    run.add_argument("--init", choices=INIT_RULES, action="once",
-                     help="override the budget's init rule: xavier (own width), paper-width, normal (N(0, 0.02))")
-    run.add_argument("--dev-pairs", type=int, action="once", help="score only the first N dev pairs (a quick look; changes the run's hash)")
-    run.add_argument("--accumulation", type=int, action="once", help="micro-batches per step (same tokens per step, less memory)")
-    run.add_argument("--max-attempts", type=int, default=3, action="once", help="failed runs are retried until this many attempts")
-    run.add_argument("--threads", type=int, action="once",
-                     help="CPU threads per process (default $OMP_NUM_THREADS, else 1 up to d_model 128, else the free cores)")
+    run.add_argument(
+        "--steps", type=int, action="once", help="override the budget's optimizer steps per row (1 or more)"
+    )
+    run.add_argument(
+        "--warmup", type=int, action="once", help="override the budget's warmup_steps of the learning-rate schedule"
+    )
+    run.add_argument(
+        "--lr-peak",
+        type=float,
+        action="once",
+        help="override the budget's peak learning rate (base's width; wider rows get less, as eq. (3))",
+    )
+    run.add_argument(
+        "--init",
+        choices=INIT_RULES,
+        action="once",
+        help="override the budget's init rule: xavier (own width), paper-width, normal (N(0, 0.02))",
+    )
+    run.add_argument(
+        "--dev-pairs",
+        type=int,
+        action="once",
+        help="score only the first N dev pairs (a quick look; changes the run's hash)",
+    )
+    run.add_argument(
+        "--accumulation", type=int, action="once", help="micro-batches per step (same tokens per step, less memory)"
+    )
+    run.add_argument(
+        "--max-attempts", type=int, default=3, action="once", help="failed runs are retried until this many attempts"
+    )
+    run.add_argument(
+        "--threads",
+        type=int,
+        action="once",
+        help="CPU threads per process (default $OMP_NUM_THREADS, else 1 up to d_model 128, else the free cores)",
+    )
 
 
 def parse(argv: list[str]) -> RunOptions:

@@ -1,5 +1,6 @@
 """How a grid's runs ended, for people: a line per run under the progress bar, and the closing table with the reason
 for every run that did not finish. Read from the run folders, the one source of truth."""
+
 from __future__ import annotations
 
 import math
@@ -44,15 +45,30 @@ def summary(directories: list[Path], busy: set[Path] = frozenset()) -> str:
     ended, then each run that did not finish with the reason; `busy` are runs another process was training."""
     runs = [R.recorded(d) for d in directories]
     statuses = [run.status for run in runs]  # a busy run may have ended by now: then its own status shows
-    statuses = [R.BUSY if run.directory in busy and state not in R.STATUSES else state for run, state in zip(runs, statuses)]
+    statuses = [
+        R.BUSY if run.directory in busy and state not in R.STATUSES else state for run, state in zip(runs, statuses)
+    ]
     table = []
     for run, state in zip(runs, statuses):
         config, final = run.config or {}, run.final or {}
-        table.append([config.get("row", "?"), config.get("seed", "?"), state, rounded(final.get("dev_ppl"), 1),
-                      rounded(final.get("bleu"), 2), rounded(final.get("tokens_per_s"), 0), duration(final.get("wall_s"))])
+        table.append(
+            [
+                config.get("row", "?"),
+                config.get("seed", "?"),
+                state,
+                rounded(final.get("dev_ppl"), 1),
+                rounded(final.get("bleu"), 2),
+                rounded(final.get("tokens_per_s"), 0),
+                duration(final.get("wall_s")),
+            ]
+        )
     counts = ", ".join(f"{statuses.count(s)} {s}" for s in (*R.STATUSES, "partial", "new", R.BUSY) if s in statuses)
-    lines = [tabulate(table, headers=["row", "seed", "status", "dev PPL", "BLEU", "tokens/s", "wall time"],
-                      disable_numparse=True), f"{len(directories)} runs: {counts}"]
+    lines = [
+        tabulate(
+            table, headers=["row", "seed", "status", "dev PPL", "BLEU", "tokens/s", "wall time"], disable_numparse=True
+        ),
+        f"{len(directories)} runs: {counts}",
+    ]
     for run, state, (row, seed, *_) in zip(runs, statuses, table):
         if state == "finished":
             continue

@@ -4,6 +4,7 @@ HF MarianMT (pip install .[bench]) trains through its protocol adapter and decod
 decodes the same random-init Marian model, converted locally (nothing is downloaded). A peer whose library is
 missing is None, and the benchmark prints one line for it.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -32,9 +33,18 @@ def hf_marian(cfg: TransformerConfig) -> torch.nn.Module | None:
 
 def hf_generate(model: torch.nn.Module) -> Decoder:
     """Beam search with HF `generate`, forced to exactly `length` new tokens."""
+
     def run(src: Tensor, beam: int, length: int) -> None:
-        model.hf.generate(input_ids=src, attention_mask=src.ne(PAD).long(), num_beams=beam, do_sample=False,
-                          max_new_tokens=length, min_new_tokens=length, length_penalty=0.6)
+        model.hf.generate(
+            input_ids=src,
+            attention_mask=src.ne(PAD).long(),
+            num_beams=beam,
+            do_sample=False,
+            max_new_tokens=length,
+            min_new_tokens=length,
+            length_penalty=0.6,
+        )
+
     return run
 
 
@@ -64,11 +74,19 @@ def ctranslate2_decoder(model: torch.nn.Module, threads: int) -> Decoder | None:
     folder = Path(tempfile.mkdtemp(prefix="ct2-"))
     model.hf.config.save_pretrained(folder / "hf")
     InMemory(str(folder / "hf")).convert(str(folder / "ct2"), quantization="float32", force=True)
-    translator = ctranslate2.Translator(str(folder / "ct2"), device="cpu", compute_type="float32",
-                                       intra_threads=threads, inter_threads=1)
+    translator = ctranslate2.Translator(
+        str(folder / "ct2"), device="cpu", compute_type="float32", intra_threads=threads, inter_threads=1
+    )
 
     def run(src: Tensor, beam: int, length: int) -> None:
         batch = [[vocab[i] for i in row if i != PAD] for row in src.tolist()]
-        translator.translate_batch(batch, beam_size=beam, max_decoding_length=length, min_decoding_length=length,
-                                   length_penalty=0.6, max_batch_size=0)
+        translator.translate_batch(
+            batch,
+            beam_size=beam,
+            max_decoding_length=length,
+            min_decoding_length=length,
+            length_penalty=0.6,
+            max_batch_size=0,
+        )
+
     return run

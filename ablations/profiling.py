@@ -7,6 +7,7 @@ benchmark). It also times beam search with a model of width d_model / 8 beside t
 with the width is fixed cost per operation (Python, dispatch), not arithmetic. Writes reports/profile.md, the
 figures docs/benchmark.md quotes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,13 +36,29 @@ from model.files import write_atomic
 KINDS: dict[str, tuple[str, ...]] = {  # kind -> aten ops (self time); every other op counts as "other"
     "GEMM (mm, bmm, addmm)": ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"),
     "softmax": ("aten::_softmax", "aten::_softmax_backward_data"),
-    "log-softmax, loss": ("aten::_log_softmax", "aten::_log_softmax_backward_data", "aten::exp", "aten::log",
-                          "aten::logsumexp", "aten::gather", "aten::scatter", "aten::scatter_add_",
-                          kernel.LOSS_PROFILER_NAME),
+    "log-softmax, loss": (
+        "aten::_log_softmax",
+        "aten::_log_softmax_backward_data",
+        "aten::exp",
+        "aten::log",
+        "aten::logsumexp",
+        "aten::gather",
+        "aten::scatter",
+        "aten::scatter_add_",
+        kernel.LOSS_PROFILER_NAME,
+    ),
     "dropout masks": ("aten::bernoulli_", "aten::native_dropout", "aten::native_dropout_backward"),
-    "copies, gathers, cache writes": ("aten::copy_", "aten::index_select", "aten::index_copy_", "aten::cat",
-                                      "aten::index", "aten::embedding_dense_backward", "aten::fill_", "aten::zero_",
-                                      kernel.REORDER_PROFILER_NAME),
+    "copies, gathers, cache writes": (
+        "aten::copy_",
+        "aten::index_select",
+        "aten::index_copy_",
+        "aten::cat",
+        "aten::index",
+        "aten::embedding_dense_backward",
+        "aten::fill_",
+        "aten::zero_",
+        kernel.REORDER_PROFILER_NAME,
+    ),
     "LayerNorm": ("aten::native_layer_norm", "aten::native_layer_norm_backward"),
     "top-k over the vocabulary": ("aten::topk", "aten::sort"),
     "optimizer (fused Adam)": ("aten::_fused_adam_",),
@@ -81,8 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cpu = budget("cpu")
     try:
-        check_counts(("--steps", args.steps), ("--decode-sentences", args.decode_sentences),
-                     ("--decode-length", args.decode_length))
+        check_counts(
+            ("--steps", args.steps),
+            ("--decode-sentences", args.decode_sentences),
+            ("--decode-length", args.decode_length),
+        )
         out = output_path(args.out)
         b = budget("smoke").replace(vocab_size=cpu.vocab_size, max_train_pairs=None, dev_pairs=None)
         data = prepare_data(b, "multi30k", data_dir(args.data), Path(args.runs))

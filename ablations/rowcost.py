@@ -4,6 +4,7 @@
 
 Multiply by the budget's steps and base's measured step time to plan a grid (README, "The cpu budget").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(0)
         costs[row.name] = step_seconds(ModelSpec("reference").with_config(row_config(row, b, vocab)), batches, 5)
         first = next(iter(costs.values()))
-        print(f"{row.name:>5}  {costs[row.name] * 1000:7.1f} ms/step  {costs[row.name] / first:5.2f} x {next(iter(costs))}",
-              flush=True)
+        print(
+            f"{row.name:>5}  {costs[row.name] * 1000:7.1f} ms/step  {costs[row.name] / first:5.2f} x {next(iter(costs))}",
+            flush=True,
+        )
     print(f"all {len(costs)} rows: {sum(costs.values()) / next(iter(costs.values())):.1f} x {next(iter(costs))}")
     return 0
 

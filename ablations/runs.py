@@ -13,6 +13,7 @@
 Whatever a reader finds here may be damaged or foreign (a half-copied folder, an edited file): readers
 never fail on it; they skip it with a one-line warning naming the file.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -33,7 +34,13 @@ from ablations.budgets import TrainSettings
 from model.config import TransformerConfig
 from model.files import StorageError, replace, write_atomic
 
-CONFIG, METRICS, FINAL, ATTEMPTS, CHECKPOINT = "config.json", "metrics.jsonl", "final.json", "attempts.json", "checkpoint.pt"
+CONFIG, METRICS, FINAL, ATTEMPTS, CHECKPOINT = (
+    "config.json",
+    "metrics.jsonl",
+    "final.json",
+    "attempts.json",
+    "checkpoint.pt",
+)
 HYPOTHESES, WEIGHTS = "dev_hypotheses.txt", "model.pt"  # model.pt: a bare state_dict, where a run keeps no checkpoint
 LOCK = ".lock"
 PUBLISHED = (CONFIG, METRICS, FINAL)
@@ -94,6 +101,7 @@ def warn(message: str) -> None:
 
 # --- writing: atomic (model.files), and a full disk or a read-only folder is one line naming the path ---------------
 
+
 def write_json(path: Path, obj: dict) -> None:
     write_atomic(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
 
@@ -149,6 +157,7 @@ def record_failure(directory: Path, error: str) -> int:
 
 # --- one writer per run -------------------------------------------------------------------------------------------
 
+
 @contextmanager
 def claim(directory: Path) -> Iterator[bool]:
     """Try to take the run's lock without waiting: True while this process holds it, False if another process does.
@@ -182,6 +191,7 @@ def holder(directory: Path) -> str:
 
 
 # --- reading: damaged or foreign files never stop a reader ---------------------------------------------------------
+
 
 def read_json(path: Path) -> dict | None:
     """A JSON object from path; None if the file is missing, unreadable, not JSON or not an object."""
@@ -282,6 +292,7 @@ def failed_attempts(directory: Path) -> int:
 
 
 # --- gathering ----------------------------------------------------------------------------------------------------
+
 
 def run_folders(root: Path, holding: str = CONFIG) -> list[Path]:
     """Every run folder under root that holds the file `holding` (CONFIG: every run begun; FINAL: every run ended)."""

@@ -6,6 +6,7 @@ scoring) raises Stopped at once, abandoning that work, which a re-run does again
 waits. Stopped is a BaseException, like KeyboardInterrupt, so that no `except Exception` records it as a
 failed run.
 """
+
 from __future__ import annotations
 
 import functools
@@ -80,6 +81,7 @@ def requested() -> int | None:
 def stops_cleanly(what_then: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
     """A command's main under graceful_stops: Ctrl-C or SIGTERM ends it with one line, "stopped by SIGINT: <what_then>",
     and the shell's exit status, instead of a traceback (for commands with no step to finish, such as a benchmark)."""
+
     def wrap(main: Callable[..., int]) -> Callable[..., int]:
         @functools.wraps(main)
         def run(*args, **kwargs) -> int:
@@ -89,5 +91,7 @@ def stops_cleanly(what_then: str) -> Callable[[Callable[..., int]], Callable[...
             except Stopped as stop:
                 print(f"{stop}: {what_then}", file=sys.stderr)
                 return stop.exit_status
+
         return run
+
     return wrap

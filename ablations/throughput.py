@@ -1,5 +1,6 @@
 """How fast training runs against what this CPU or GPU can do: thread choice, a GEMM calibration, and the
 tokens/s and fraction-of-GEMM-rate figures that the benchmark and the grid report."""
+
 from __future__ import annotations
 
 import os
@@ -57,8 +58,9 @@ def choose_threads(cfg: TransformerConfig, requested: int | None = None) -> int:
     return 1 if cfg.d_model <= SMALL_D_MODEL else free_cores()
 
 
-def median_seconds(work: Callable[[], object], repeats: int, clock: Callable[[], float] = time.perf_counter,
-                   warmup: int = 0) -> float:
+def median_seconds(
+    work: Callable[[], object], repeats: int, clock: Callable[[], float] = time.perf_counter, warmup: int = 0
+) -> float:
     """Median time of `repeats` calls of work after `warmup` untimed ones, by `clock`: wall time, or this process's
     CPU time (time.process_time), which other processes on a busy machine do not enter."""
     for _ in range(warmup):
@@ -71,8 +73,14 @@ def median_seconds(work: Callable[[], object], repeats: int, clock: Callable[[],
     return statistics.median(times)
 
 
-def gemm_flops(device: torch.device, n: int = 1024, k: int = 512, m: int = 2048, repeats: int = 5,
-               clock: Callable[[], float] = time.perf_counter) -> float:
+def gemm_flops(
+    device: torch.device,
+    n: int = 1024,
+    k: int = 512,
+    m: int = 2048,
+    repeats: int = 5,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
     """Measured fp32 matrix-multiply rate (FLOP/s, over the median of `repeats`) at the base model's FFN shape, on the
     current thread count: the yardstick for what fraction of this machine a training step uses. `clock` is the
     timer the steps compared with it are taken with (wall, or CPU time on a busy machine)."""
@@ -83,11 +91,19 @@ def gemm_flops(device: torch.device, n: int = 1024, k: int = 512, m: int = 2048,
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    return 2 * n * k * m / median_seconds(multiply, repeats, clock, warmup=1)  # the first call warms the allocator and the BLAS
+    return (
+        2 * n * k * m / median_seconds(multiply, repeats, clock, warmup=1)
+    )  # the first call warms the allocator and the BLAS
 
 
-def throughput(cfg: TransformerConfig, counts: dict[str, int], src_tokens: int, tgt_tokens: int, seconds: float,
-               gemm_rate: float | None) -> dict[str, float | None]:
+def throughput(
+    cfg: TransformerConfig,
+    counts: dict[str, int],
+    src_tokens: int,
+    tgt_tokens: int,
+    seconds: float,
+    gemm_rate: float | None,
+) -> dict[str, float | None]:
     """Training throughput of a run or a step: tokens/s and the model FLOP rate as a fraction of the measured
     GEMM rate (`gemm_flops`); counts is model.params.count_parameters' result."""
     flops = training_flops(cfg, counts, src_tokens, tgt_tokens)

@@ -9,6 +9,7 @@ Each checkpoint file starts with a SHA-256 of its contents and the previous one 
 so a checkpoint cut short or corrupted is detected and the run resumes from the one before.
 With `ranks` from ablations.distributed, the same loop trains data-parallel under torchrun.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -58,12 +59,21 @@ class Diverged(RuntimeError):
 def make_optimizer(model: nn.Module, device: torch.device) -> torch.optim.Adam:
     """Adam with the paper's betas and epsilon, as torch's fused kernel (one pass per parameter, on CPU and GPU
     alike; torch's default is a loop of several ops per parameter). The learning rate is set every step."""
-    return torch.optim.Adam(model.parameters(), lr=0.0, betas=ADAM_BETAS, eps=ADAM_EPS, fused=device.type in ("cpu", "cuda"))
+    return torch.optim.Adam(
+        model.parameters(), lr=0.0, betas=ADAM_BETAS, eps=ADAM_EPS, fused=device.type in ("cpu", "cuda")
+    )
 
 
-def train_step(model: Callable[..., Tensor], loss_fn: Callable[[Tensor, Tensor], Tensor], optimizer: torch.optim.Optimizer,
-               micro_batches: list[Batch], lr: float, autocast: torch.dtype | None = None,
-               step_tokens: int | None = None, ranks: Ranks = SINGLE) -> float:
+def train_step(
+    model: Callable[..., Tensor],
+    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[Batch],
+    lr: float,
+    autocast: torch.dtype | None = None,
+    step_tokens: int | None = None,
+    ranks: Ranks = SINGLE,
+) -> float:
     """One optimizer step; returns the training loss per target token over all micro-batches.
 
     Each micro-batch's mean loss is weighted by its share of the step's target tokens, so the gradient
@@ -96,15 +106,18 @@ class CorruptCheckpoint(ValueError):
 CHECKSUM_HEADER = b"aiayn-checkpoint sha256="  # + 64 hex digits + newline, then the torch.save bytes
 
 
-def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
-                    run_id: str | None = None) -> None:
+def save_checkpoint(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState, run_id: str | None = None
+) -> None:
     """Everything needed to continue the run exactly, behind a SHA-256 of it; the latest checkpoint becomes the previous.
 
     `run_id` (the run's config hash) marks whose checkpoint it is. Written to a temporary file private to this
     process and renamed: a kill at any moment leaves the latest or the previous checkpoint whole.
     """
     payload = {
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "state": asdict(state),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "state": asdict(state),
         "rng_cpu": torch.get_rng_state(),
         "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "run": run_id,
@@ -123,7 +136,10 @@ def read_checkpoint(path: Path) -> dict:
     """A checkpoint's contents (tensors on the CPU) once its checksum holds; raises CorruptCheckpoint otherwise."""
     data = path.read_bytes()
     header, _, body = data.partition(b"\n")
-    if not header.startswith(CHECKSUM_HEADER) or header[len(CHECKSUM_HEADER):] != hashlib.sha256(body).hexdigest().encode():
+    if (
+        not header.startswith(CHECKSUM_HEADER)
+        or header[len(CHECKSUM_HEADER) :] != hashlib.sha256(body).hexdigest().encode()
+    ):
         raise CorruptCheckpoint(f"{path.name} fails its checksum ({len(data)} bytes): cut short or corrupted")
     return torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
 
@@ -143,7 +159,9 @@ def check_belongs(payload: dict, model: nn.Module, run_id: str | None) -> None:
         raise ForeignCheckpoint(f"its weights do not fit this model ({len(different)} differ, e.g. {different[0]})")
 
 
-def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, run_id: str | None = None) -> TrainState:
+def load_checkpoint(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, run_id: str | None = None
+) -> TrainState:
     """Restore model, optimizer and RNG states in place; returns the progress. A damaged file raises
     CorruptCheckpoint, another run's ForeignCheckpoint, before anything is restored."""
     payload = read_checkpoint(path)
@@ -156,8 +174,9 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     return TrainState(**payload["state"])
 
 
-def resume(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, label: str = "",
-           run_id: str | None = None) -> TrainState:
+def resume(
+    run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, label: str = "", run_id: str | None = None
+) -> TrainState:
     """Load the latest intact checkpoint of this run (the latest, else the previous), saying which; a fresh state if none.
 
     Another run's checkpoint is set aside (renamed to checkpoint.pt.foreign, not deleted) with a notice.
@@ -183,8 +202,15 @@ def resume(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, la
     return TrainState()
 
 
-def train(model: nn.Module, run: Run, stream: BatchStream, dev: tuple[list[list[int]], list[list[int]]],
-          device: torch.device, on_step: Callable[[int], None] | None = None, ranks: Ranks = SINGLE) -> TrainState:
+def train(
+    model: nn.Module,
+    run: Run,
+    stream: BatchStream,
+    dev: tuple[list[list[int]], list[list[int]]],
+    device: torch.device,
+    on_step: Callable[[int], None] | None = None,
+    ranks: Ranks = SINGLE,
+) -> TrainState:
     """Train until the run's settings.steps, resuming from its checkpoint if there is one; raises Diverged, or Stopped
     after a stop signal (the step it arrived in is finished and checkpointed first).
 
@@ -200,8 +226,15 @@ def train(model: nn.Module, run: Run, stream: BatchStream, dev: tuple[list[list[
     forward = wrap(model, ranks, device)
     forward = torch.compile(forward) if settings.compile and device.type == "cuda" else forward
     vocab = model.config.vocab_size
-    bar = tqdm(total=settings.steps, initial=state.step, desc=label, unit="step", leave=False, dynamic_ncols=True,
-               disable=not ranks.main)
+    bar = tqdm(
+        total=settings.steps,
+        initial=state.step,
+        desc=label,
+        unit="step",
+        leave=False,
+        dynamic_ncols=True,
+        disable=not ranks.main,
+    )
     try:  # the bar is closed however the loop ends (divergence, a stop, a full disk)
         window_tokens, window_s = 0, 0.0
         model.train()
@@ -212,18 +245,38 @@ def train(model: nn.Module, run: Run, stream: BatchStream, dev: tuple[list[list[
                 if ranks.parallel:  # each rank its own dropout masks, the same ones again after a resume
                     torch.manual_seed(step_seed(stream.seed, state.step, ranks.rank))
                 lr = learning_rate(state.step + 1, model.config.d_model, settings.warmup, settings.lr_peak)
-                loss = train_step(forward, model.loss, optimizer, [b.to(device) for b in shard(micro, ranks)], lr,
-                                  settings.autocast, sum(b.tgt_tokens for b in micro), ranks)
+                loss = train_step(
+                    forward,
+                    model.loss,
+                    optimizer,
+                    [b.to(device) for b in shard(micro, ranks)],
+                    lr,
+                    settings.autocast,
+                    sum(b.tgt_tokens for b in micro),
+                    ranks,
+                )
                 elapsed = time.perf_counter() - started
                 tokens = sum(b.src_tokens + b.tgt_tokens for b in micro)
-                state.step, state.tokens_seen, state.wall_s = state.step + 1, state.tokens_seen + tokens, state.wall_s + elapsed
+                state.step, state.tokens_seen, state.wall_s = (
+                    state.step + 1,
+                    state.tokens_seen + tokens,
+                    state.wall_s + elapsed,
+                )
                 state.epoch, state.index = stream.epoch, stream.index
                 window_tokens, window_s = window_tokens + tokens, window_s + elapsed
                 diverged = not math.isfinite(loss) or loss > DIVERGED_LOSS * math.log(vocab)
                 if ranks.main and (diverged or state.step % settings.log_every == 0 or state.step == settings.steps):
-                    record = {"step": state.step, "loss": loss, "lr": lr, "tokens_per_s": window_tokens / window_s, "time_s": state.wall_s}
+                    record = {
+                        "step": state.step,
+                        "loss": loss,
+                        "lr": lr,
+                        "tokens_per_s": window_tokens / window_s,
+                        "time_s": state.wall_s,
+                    }
                     if not diverged and (state.step % settings.eval_every == 0 or state.step == settings.steps):
-                        record["dev_ppl"] = perplexity(model, *dev, device, settings.micro_tokens, settings.autocast, progress=label)
+                        record["dev_ppl"] = perplexity(
+                            model, *dev, device, settings.micro_tokens, settings.autocast, progress=label
+                        )
                         model.train()
                     append_metrics(run_dir, record)
                     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{window_tokens / window_s:,.0f}")

@@ -4,6 +4,7 @@ What the attention figure draws and `python -m ablations.dropout_gap` scores. Th
 (a state_dict) or else the runner's checkpoint.pt; the BPE model (sentencepiece) is found by its cache name in the run
 folder or in the folders given (the budget folder, the runner's cache/).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,7 +57,9 @@ def _config(run: R.Recorded) -> dict:
     damaged or lacks a field."""
     path = run.directory / R.CONFIG
     if not path.is_file():
-        raise NoTrainedModel(f"{shown_path(run.directory)}: no {R.CONFIG}; pass a run folder, e.g. runs/cpu/base-s1-<hash>")
+        raise NoTrainedModel(
+            f"{shown_path(run.directory)}: no {R.CONFIG}; pass a run folder, e.g. runs/cpu/base-s1-<hash>"
+        )
     if run.config is None:
         raise NoTrainedModel(f"{shown_path(path)} is not a JSON object (damaged?); pass a run folder the runner wrote")
     missing = [k for k in ("row", "seed", "config") if k not in run.config]
@@ -73,13 +76,19 @@ def load_trained(run: R.Recorded, bpe_dirs: list[Path]) -> TrainedModel:
     name = bpe_file(config["config"]["vocab_size"], config["data"]["bpe"])
     bpe = next((d / name for d in [run_dir, *bpe_dirs] if (d / name).is_file()), None)
     if bpe is None:
-        raise NoTrainedModel(f"no BPE model {name} in {shown_path(run_dir)} or {', '.join(shown_path(d) for d in bpe_dirs)}")
+        raise NoTrainedModel(
+            f"no BPE model {name} in {shown_path(run_dir)} or {', '.join(shown_path(d) for d in bpe_dirs)}"
+        )
     weights = _weights(run_dir)
     try:
-        model = load_model(parse_spec(config.get("model_spec") or "reference").with_config(TransformerConfig(**config["config"])))
+        model = load_model(
+            parse_spec(config.get("model_spec") or "reference").with_config(TransformerConfig(**config["config"]))
+        )
         model.load_state_dict(weights)
     except (SpecError, RuntimeError, TypeError, ValueError) as exc:  # a bad spec or config, weights of another shape
-        raise NoTrainedModel(f"the weights in {shown_path(run_dir)} do not load into its model ({str(exc).splitlines()[0]})") from None
+        raise NoTrainedModel(
+            f"the weights in {shown_path(run_dir)} do not load into its model ({str(exc).splitlines()[0]})"
+        ) from None
     steps = (run.final or {}).get("steps")
     label = f"{config['row']} seed {config['seed']}" + (f", {steps} steps" if steps else "")
     return TrainedModel(model.eval(), spm.SentencePieceProcessor(model_file=str(bpe)), label, config)

@@ -6,10 +6,17 @@
 
 `python -m invariants --model SPEC` runs the suite and writes reports/invariants/<model>.md and .json.
 """
+
 from invariants import shadowing  # noqa: F401  (first: a model.py or model/ hiding the harness's `model` is one line)
 from invariants.behaviour import (
-    attention_scaling, batch_independence, dropout_active, embedding_scaling, eval_determinism, fast_equals_explicit,
-    gradients_reach_all, padding_invariance,
+    attention_scaling,
+    batch_independence,
+    dropout_active,
+    embedding_scaling,
+    eval_determinism,
+    fast_equals_explicit,
+    gradients_reach_all,
+    padding_invariance,
 )
 from invariants.block_order import post_ln_order
 from invariants.causal import cached_decoding, causal_future_probs, causal_future_tokens, causal_jacobian
@@ -27,4 +34,13 @@ from invariants.subject import Subject
 from invariants.sublayer_dropout import dropout_every_sublayer, residual_dropout
 from invariants.suite import PROPERTIES, run_suite
 
-__all__ = ["MUTANTS", "PROPERTIES", "NotApplicable", "Property", "Result", "Subject", "run_suite", *(p.name for p in PROPERTIES)]
+__all__ = [
+    "MUTANTS",
+    "PROPERTIES",
+    "NotApplicable",
+    "Property",
+    "Result",
+    "Subject",
+    "run_suite",
+    *(p.name for p in PROPERTIES),
+]

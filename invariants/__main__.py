@@ -4,6 +4,7 @@ Exit status: 0 when no property fails or errs, 1 when one does (with --strict al
 2 for a bad spec or option (one line on stderr). `--kill-matrix` runs every mutant instead and writes
 <out>/kill_matrix.{json,md}; a mutant counts as caught only when a property fails on it (an error is no catch).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,32 +28,45 @@ MUTANT_OVERRIDES = "N=2,d_model=64,h=4,d_k=16,d_v=16,d_ff=128,vocab_size=1000"
 
 
 def parse_replay(text: str) -> tuple[str, bytes]:
-    """"@reproduce_failure('6.170.15', b'AXic...')" -> ('6.170.15', b'AXic...')."""
+    """ "@reproduce_failure('6.170.15', b'AXic...')" -> ('6.170.15', b'AXic...')."""
     match = re.fullmatch(r"\s*@?reproduce_failure\((.*)\)\s*", text)
     try:
         version, blob = ast.literal_eval(f"({match.group(1)})")
         assert isinstance(version, str) and isinstance(blob, bytes)
     except Exception:
-        raise ValueError(f"--replay {text!r} is not a line @reproduce_failure('VERSION', b'BLOB') from a report") from None
+        raise ValueError(
+            f"--replay {text!r} is not a line @reproduce_failure('VERSION', b'BLOB') from a report"
+        ) from None
     return version, blob
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m invariants", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m invariants", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default=None, help="model spec (default: $AIAYN_MODEL or reference); see README")
-    p.add_argument("--profile", default=None, choices=list(profiles.EXAMPLES),
-                   help="hypothesis profile (default: $HYPOTHESIS_PROFILE if one of these, else ci: derandomized)")
+    p.add_argument(
+        "--profile",
+        default=None,
+        choices=list(profiles.EXAMPLES),
+        help="hypothesis profile (default: $HYPOTHESIS_PROFILE if one of these, else ci: derandomized)",
+    )
     p.add_argument("--seed", type=int, default=None, help="hypothesis seed for the random profiles (dev, thorough)")
     p.add_argument("--only", default="", help="comma-separated property names (default: all; --list shows them)")
     p.add_argument("--replay", default=None, help="a @reproduce_failure(...) line from a report, with --only NAME")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"report folder (default: {DEFAULT_OUT})")
     p.add_argument("--kill-matrix", action="store_true", help="run every mutant and write the kill matrix")
-    p.add_argument("--mutant-overrides", default=MUTANT_OVERRIDES,
-                   help=f"config overrides for the mutants in --kill-matrix (default: {MUTANT_OVERRIDES}; '' for base)")
+    p.add_argument(
+        "--mutant-overrides",
+        default=MUTANT_OVERRIDES,
+        help=f"config overrides for the mutants in --kill-matrix (default: {MUTANT_OVERRIDES}; '' for base)",
+    )
     p.add_argument("--fresh", action="store_true", help="with --kill-matrix: recompute mutant reports already on disk")
-    p.add_argument("--strict", action="store_true",
-                   help="exit 1 also when a property is not applicable (a missing capability hides what it would check)")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 also when a property is not applicable (a missing capability hides what it would check)",
+    )
     p.add_argument("--list", action="store_true", help="list the properties and mutants, then exit")
     return p
 
@@ -70,8 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args, argv)
     except KeyboardInterrupt:
-        saved = (f"the mutants' reports finished so far are in {args.out / 'mutants'}; the same command without "
-                 "--fresh goes on from there") if args.kill_matrix else "no report written; run the same command again"
+        saved = (
+            (
+                f"the mutants' reports finished so far are in {args.out / 'mutants'}; the same command without "
+                "--fresh goes on from there"
+            )
+            if args.kill_matrix
+            else "no report written; run the same command again"
+        )
         print(f"stopped by SIGINT: {saved}", file=sys.stderr)
         return 130
 
@@ -87,7 +107,9 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     try:
         settings = profiles.profile(profile_name)
         if args.seed is not None and settings.derandomize:
-            raise ValueError(f"--seed has no effect under the derandomized profile {profile_name}; add --profile dev or thorough")
+            raise ValueError(
+                f"--seed has no effect under the derandomized profile {profile_name}; add --profile dev or thorough"
+            )
         properties = select([n.strip() for n in args.only.split(",") if n.strip()])
         replay = parse_replay(args.replay) if args.replay else None
         if replay and len(properties) != 1:

@@ -4,6 +4,7 @@ Padding and batch mates change nothing, eval is deterministic and dropout really
 the fused and explicit attention paths agree, attention logits are scaled by 1/sqrt(d_k), embeddings
 by sqrt(d_model) on every path into the layers, and every trainable parameter receives a gradient.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,13 @@ def padding_invariance(subject: Subject, case: Case) -> float:
     model, batch = subject.model(case.config), case.make_batch(subject)
     extra = 1 + case.seed % 3
     pad_id = model.config.pad_id
-    grow = lambda ids, pad: (torch.cat([ids, torch.full((ids.size(0), extra), pad_id)], 1),  # noqa: E731
-                             torch.cat([pad, torch.ones(pad.size(0), extra, dtype=torch.bool)], 1))
+
+    def grow(ids: torch.Tensor, pad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (
+            torch.cat([ids, torch.full((ids.size(0), extra), pad_id)], 1),
+            torch.cat([pad, torch.ones(pad.size(0), extra, dtype=torch.bool)], 1),
+        )
+
     (src, src_pad), (tgt, tgt_pad) = grow(batch.src, batch.src_pad), grow(batch.tgt, batch.tgt_pad)
     model.eval()
     with capturing(model, case.capture):
@@ -46,16 +52,21 @@ def padding_invariance(subject: Subject, case: Case) -> float:
     return relative_error(after[keep], before[keep])
 
 
-@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=eval_pinned,
-           cases=lambda s: eval_cases(s, min_batch=2))
+@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=eval_pinned, cases=lambda s: eval_cases(s, min_batch=2))
 def batch_independence(subject: Subject, case: Case) -> float:
     """An example's logits do not depend on its batch mates: the batch equals each row run alone (eval, float64) (user-observable)."""
     model, batch = subject.model(case.config), case.make_batch(subject)
     model.eval()
     with capturing(model, case.capture):
         together = batch.forward(model)
-        alone = torch.cat([Batch(batch.src[b:b + 1], batch.tgt[b:b + 1], batch.src_pad[b:b + 1],
-                                 batch.tgt_pad[b:b + 1]).forward(model) for b in range(case.batch)])
+        alone = torch.cat(
+            [
+                Batch(
+                    batch.src[b : b + 1], batch.tgt[b : b + 1], batch.src_pad[b : b + 1], batch.tgt_pad[b : b + 1]
+                ).forward(model)
+                for b in range(case.batch)
+            ]
+        )
     keep = ~batch.tgt_pad  # logits at pad positions are read by nothing
     return relative_error(together[keep], alone[keep])
 
@@ -73,12 +84,18 @@ def eval_determinism(subject: Subject, case: Case) -> float:
 
 
 def has_dropout(subject: Subject) -> str | None:
-    return None if subject.config.P_drop > 0 else f"config P_drop={subject.config.P_drop}: there is no dropout to observe"
+    return (
+        None if subject.config.P_drop > 0 else f"config P_drop={subject.config.P_drop}: there is no dropout to observe"
+    )
 
 
-@invariant(GROUP, tol.DROPOUT, pinned=lambda s: pinned_cases(s, train=(True,), capture=(False,)),
-           cases=lambda s: batch_cases(s, train=True, capture=False, min_src=4, min_tgt=4),
-           applicable=has_dropout)
+@invariant(
+    GROUP,
+    tol.DROPOUT,
+    pinned=lambda s: pinned_cases(s, train=(True,), capture=(False,)),
+    cases=lambda s: batch_cases(s, train=True, capture=False, min_src=4, min_tgt=4),
+    applicable=has_dropout,
+)
 def dropout_active(subject: Subject, case: Case) -> float:
     """In train mode dropout acts: logits differ between seeds and from eval mode (paper, section 5.4).
 
@@ -109,8 +126,13 @@ def relative_change(a: Tensor, b: Tensor, scale_of: Tensor) -> float:
     return difference / scale if scale > 0 else (float("inf") if difference > 0 else 0.0)
 
 
-@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=lambda s: eval_pinned(s, capture=(False,)),
-           cases=lambda s: eval_cases(s, capture=False), needs=("attention_probs",))
+@invariant(
+    GROUP,
+    tol.AGREEMENT[torch.float64],
+    pinned=lambda s: eval_pinned(s, capture=(False,)),
+    cases=lambda s: eval_cases(s, capture=False),
+    needs=("attention_probs",),
+)
 def fast_equals_explicit(subject: Subject, case: Case) -> float:
     """The fast attention path (no probabilities requested) gives the logits of the explicit path (probabilities captured) (user-observable)."""
     model, batch = subject.model(case.config), case.make_batch(subject)
@@ -150,10 +172,15 @@ def logit_spread(subject: Subject, config: Overrides, seed: int) -> float:
     return var[rows].sqrt().mean().item()
 
 
-@invariant(GROUP, tol.SCALING, pinned=lambda s: [(OWN_CONFIG, 0)],
-           cases=lambda s: st.tuples(st.sampled_from([32, 64]).map(lambda d: {"d_model": d, "d_ff": 64, "max_len": 128}),
-                                     st.integers(0, 2**16)),
-           needs=("attention_probs",))
+@invariant(
+    GROUP,
+    tol.SCALING,
+    pinned=lambda s: [(OWN_CONFIG, 0)],
+    cases=lambda s: st.tuples(
+        st.sampled_from([32, 64]).map(lambda d: {"d_model": d, "d_ff": 64, "max_len": 128}), st.integers(0, 2**16)
+    ),
+    needs=("attention_probs",),
+)
 def attention_scaling(subject: Subject, config_seed: tuple[Overrides, int]) -> float:
     """Attention logits are scaled by 1/sqrt(d_k): at init their spread is the same for d_k=d_model and d_k=4 (paper, section 3.2.1).
 
@@ -170,8 +197,13 @@ def attention_scaling(subject: Subject, config_seed: tuple[Overrides, int]) -> f
     return abs(math.log2(ratio)) if math.isfinite(ratio) and ratio > 0 else float("inf")
 
 
-@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=eval_pinned, cases=eval_cases,
-           needs=("source_embeddings", "target_embeddings"))
+@invariant(
+    GROUP,
+    tol.AGREEMENT[torch.float64],
+    pinned=eval_pinned,
+    cases=eval_cases,
+    needs=("source_embeddings", "target_embeddings"),
+)
 def embedding_scaling(subject: Subject, case: Case) -> float:
     """Token embeddings enter both stacks multiplied by sqrt(d_model) (paper, section 3.4): embed(ids), encode and decode agree.
 
@@ -193,8 +225,12 @@ def embedding_scaling(subject: Subject, case: Case) -> float:
     return max(scaled, encoder_path, relative_error(via_embeddings[keep], via_ids[keep]))
 
 
-@invariant(GROUP, tol.COUNT, pinned=lambda s: pinned_cases(s, train=(True,), capture=(False,))[:1],
-           cases=lambda s: batch_cases(s, train=True, capture=False))
+@invariant(
+    GROUP,
+    tol.COUNT,
+    pinned=lambda s: pinned_cases(s, train=(True,), capture=(False,))[:1],
+    cases=lambda s: batch_cases(s, train=True, capture=False),
+)
 def gradients_reach_all(subject: Subject, case: Case) -> tuple[float, str]:
     """Every trainable parameter receives a finite gradient from the loss (train mode): counted, the offenders named (user-observable)."""
     model, batch = subject.model(case.config, torch.float32), case.make_batch(subject)
@@ -204,4 +240,6 @@ def gradients_reach_all(subject: Subject, case: Case) -> tuple[float, str]:
         loss = model.loss(batch.forward(model), batch.tgt)
         grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
     offenders = [name for (name, _), g in zip(named, grads) if g is None or not torch.isfinite(g).all()]
-    return len(offenders), ("no or non-finite gradient: " + ", ".join(offenders[:5]) + (" ..." if len(offenders) > 5 else "")) if offenders else ""
+    return len(offenders), (
+        "no or non-finite gradient: " + ", ".join(offenders[:5]) + (" ..." if len(offenders) > 5 else "")
+    ) if offenders else ""

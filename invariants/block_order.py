@@ -14,6 +14,7 @@ embeddings scaled).
 A stack that normalises its embeddings first (BART) sees inputs of unit size at any scale: post-LN, it passes; a
 pre-LN stack with such a LayerNorm would pass as well (mBART's order), which this check cannot see.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,7 +30,9 @@ from invariants.residual import GROUP
 from invariants.subject import OWN_CONFIG, Overrides, Subject, tokens
 from model.protocol import Seq2SeqModel
 
-LARGE = 1e6  # the input embeddings' scale: a pre-LN stack's influences shrink by this factor, float64 keeps 1e-10 of them
+LARGE = (
+    1e6  # the input embeddings' scale: a pre-LN stack's influences shrink by this factor, float64 keeps 1e-10 of them
+)
 ROWS, SOURCE_LEN, TARGET_LEN = 4, 6, 4
 
 
@@ -46,8 +49,10 @@ def encoder_influences(model: Seq2SeqModel, gen: torch.Generator) -> tuple[float
     x = torch.randn(ROWS, S, d, generator=gen, dtype=torch.float64)
     other = torch.cat([x[:, :kept], torch.randn(ROWS, S - kept, d, generator=gen, dtype=torch.float64)], 1)
     pad = torch.zeros(ROWS, S, dtype=torch.bool)
-    return tuple(influence(model.encode(scale * x, pad)[:, :kept], model.encode(scale * other, pad)[:, :kept])
-                 for scale in (1.0, LARGE))
+    return tuple(
+        influence(model.encode(scale * x, pad)[:, :kept], model.encode(scale * other, pad)[:, :kept])
+        for scale in (1.0, LARGE)
+    )
 
 
 def decoder_influences(model: Seq2SeqModel, gen: torch.Generator) -> tuple[float, float]:
@@ -58,25 +63,38 @@ def decoder_influences(model: Seq2SeqModel, gen: torch.Generator) -> tuple[float
     src_pad, tgt_pad = torch.zeros(ROWS, S, dtype=torch.bool), torch.zeros(ROWS, T, dtype=torch.bool)
     memories = [model.encode(ids, src_pad) for ids in (src, other_tokens(src, cfg.pad_id, cfg.vocab_size, gen))]
     y = torch.randn(ROWS, T, cfg.d_model, generator=gen, dtype=torch.float64)
-    return tuple(influence(*(model.decode(scale * y, memory, src_pad, tgt_pad) for memory in memories))
-                 for scale in (1.0, LARGE))
+    return tuple(
+        influence(*(model.decode(scale * y, memory, src_pad, tgt_pad) for memory in memories)) for scale in (1.0, LARGE)
+    )
 
 
-@invariant(GROUP, tol.POST_LN, pinned=lambda s: [(OWN_CONFIG, 0)],
-           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)), needs=("source_embeddings", "target_embeddings"))
+@invariant(
+    GROUP,
+    tol.POST_LN,
+    pinned=lambda s: [(OWN_CONFIG, 0)],
+    cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)),
+    needs=("source_embeddings", "target_embeddings"),
+)
 def post_ln_order(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
     """With input embeddings 1e6 times their size, other positions still move an encoder output and the source still moves the logits about as much as at unit size: each sub-layer's output is LayerNorm(x + Sublayer(x)), not x + Sublayer(LayerNorm(x)) (paper, section 3.1)."""
     config, seed = case
     model = subject.model(config).eval()
     gen = torch.Generator().manual_seed(seed)
-    measured = {"other source positions on an encoder output": encoder_influences(model, gen),
-                "the source on the logits": decoder_influences(model, gen)}
+    measured = {
+        "other source positions on an encoder output": encoder_influences(model, gen),
+        "the source on the logits": decoder_influences(model, gen),
+    }
     judged = {what: large / unit for what, (unit, large) in measured.items() if unit > 0}
-    notes = [f"{what}: {large:.3g} at 1e6 x the input size, {unit:.3g} at unit size"
-             for what, (unit, large) in measured.items() if what in judged and tol.POST_LN.violated(judged[what])]
+    notes = [
+        f"{what}: {large:.3g} at 1e6 x the input size, {unit:.3g} at unit size"
+        for what, (unit, large) in measured.items()
+        if what in judged and tol.POST_LN.violated(judged[what])
+    ]
     if notes:
         notes.append("a stream that is not normalised after each residual sum (pre-LN) lets the input drown them")
-    notes += [f"{what}: no influence even at unit size, nothing to judge here" for what in measured if what not in judged]
+    notes += [
+        f"{what}: no influence even at unit size, nothing to judge here" for what in measured if what not in judged
+    ]
     if not judged:
         raise NotApplicable("neither other source positions nor the source move any output, even at unit size")
     return min(judged.values()), "; ".join(notes)

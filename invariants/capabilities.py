@@ -9,6 +9,7 @@ call raises, the check is not applicable, and the reason names the member, what 
 that raises on a model whose probe went through stays an error: that is a check broken on a model that has what it
 needs, never a missing capability.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -67,25 +68,34 @@ PROBES: dict[str, Probe] = {
     "source_embeddings": Probe(
         "encode(float source embeddings)",
         "let encode take (B, S, d_model) float source embeddings, already scaled by sqrt(d_model), and add the "
-        "positions to them as to the ids' embeddings", _source_embeddings),
+        "positions to them as to the ids' embeddings",
+        _source_embeddings,
+    ),
     "target_embeddings": Probe(
         "decode(float target embeddings)",
         "let decode take (B, T, d_model) float target embeddings as embed() returns them, positions added there",
-        _target_embeddings),
+        _target_embeddings,
+    ),
     "attention_probs": Probe(
         "attention_probs()",
         "a context manager yielding a list to which every attention call appends AttentionRecord(kind, layer, probs)",
-        _attention_probs),
+        _attention_probs,
+    ),
     "kv_cache": Probe(
         "new_cache() and decode(..., cache)",
         "return a model.attention.KVCache subclass from new_cache() and decode only the new positions with it",
-        _kv_cache),
+        _kv_cache,
+    ),
     "positional_table": Probe(
-        "positional_table(positions)", "return the (positions, d_model) encoding added at positions 0 ..",
-        lambda model, batch: model.positional_table(2)),
+        "positional_table(positions)",
+        "return the (positions, d_model) encoding added at positions 0 ..",
+        lambda model, batch: model.positional_table(2),
+    ),
     "positional_switch": Probe(
-        "positional_encoding(False)", "a context manager that switches the positional encoding off in both stacks",
-        _positional_switch),
+        "positional_encoding(False)",
+        "a context manager that switches the positional encoding off in both stacks",
+        _positional_switch,
+    ),
 }
 
 

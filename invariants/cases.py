@@ -1,4 +1,5 @@
 """The cases hypothesis draws: small random configs (as spec overrides), batch shapes, padding, modes and seeds."""
+
 from __future__ import annotations
 
 import itertools
@@ -19,7 +20,16 @@ SMALL_MAX_LEN = 128
 def small_configs(draw: st.DrawFn) -> Overrides:
     h, d_k = draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([4, 8]))
     N, d_ff, vocab = draw(st.integers(1, 2)), draw(st.sampled_from([16, 32, 64])), draw(st.sampled_from([23, 50]))
-    return {"N": N, "d_model": h * d_k, "h": h, "d_k": d_k, "d_v": d_k, "d_ff": d_ff, "vocab_size": vocab, "max_len": SMALL_MAX_LEN}
+    return {
+        "N": N,
+        "d_model": h * d_k,
+        "h": h,
+        "d_k": d_k,
+        "d_v": d_k,
+        "d_ff": d_ff,
+        "vocab_size": vocab,
+        "max_len": SMALL_MAX_LEN,
+    }
 
 
 @dataclass(frozen=True)
@@ -36,18 +46,28 @@ class Case:
     seed: int
 
     def make_batch(self, subject: Subject, distinct: bool = False) -> Batch:
-        return random_batch(subject.model(self.config).config, self.batch, self.src_len, self.tgt_len, self.padded,
-                          self.seed, distinct)
+        return random_batch(
+            subject.model(self.config).config, self.batch, self.src_len, self.tgt_len, self.padded, self.seed, distinct
+        )
 
     def __repr__(self) -> str:
         config = format_config_overrides(self.config) or "the spec's own config"
         flags = [name for name in ("padded", "train", "capture") if getattr(self, name)]
-        return (f"Case({config}; B={self.batch} S={self.src_len} T={self.tgt_len}"
-                f"{' ' if flags else ''}{' '.join(flags)} seed={self.seed})")
+        return (
+            f"Case({config}; B={self.batch} S={self.src_len} T={self.tgt_len}"
+            f"{' ' if flags else ''}{' '.join(flags)} seed={self.seed})"
+        )
 
 
-def batch_cases(subject: Subject, train: bool | None = None, capture: bool | None = None,
-                padded: bool | None = None, min_batch: int = 1, min_src: int = 1, min_tgt: int = 1) -> st.SearchStrategy[Case]:
+def batch_cases(
+    subject: Subject,
+    train: bool | None = None,
+    capture: bool | None = None,
+    padded: bool | None = None,
+    min_batch: int = 1,
+    min_src: int = 1,
+    min_tgt: int = 1,
+) -> st.SearchStrategy[Case]:
     """Cases on random small configs; a flag given as True/False is fixed, None lets hypothesis choose.
 
     capture is only drawn when the model can capture attention probabilities (declared, or found by trying it).
@@ -55,13 +75,26 @@ def batch_cases(subject: Subject, train: bool | None = None, capture: bool | Non
     can_capture = not subject.lacks("attention_probs")
     flag = lambda fixed: st.just(fixed) if fixed is not None else st.booleans()  # noqa: E731
     return st.builds(
-        Case, small_configs(), st.integers(min_batch, 3), st.integers(min_src, 7), st.integers(min_tgt, 7), flag(padded),
-        flag(train), flag(capture) if can_capture else st.just(False), st.integers(0, 2**16),
+        Case,
+        small_configs(),
+        st.integers(min_batch, 3),
+        st.integers(min_src, 7),
+        st.integers(min_tgt, 7),
+        flag(padded),
+        flag(train),
+        flag(capture) if can_capture else st.just(False),
+        st.integers(0, 2**16),
     )
 
 
-def pinned_cases(subject: Subject, train=(False, True), capture=(False, True), padded=(False, True),
-                 src_len: int = 5, tgt_len: int = 4) -> list[Case]:
+def pinned_cases(
+    subject: Subject,
+    train=(False, True),
+    capture=(False, True),
+    padded=(False, True),
+    src_len: int = 5,
+    tgt_len: int = 4,
+) -> list[Case]:
     """Flag combinations on the spec's own config (the 65M base model by default), two examples wide.
 
     The base model is expensive, so when two or three flags are free only the combinations with an even

@@ -4,6 +4,7 @@ Each runs in eval mode and in train mode with dropout active under a fixed seed,
 padding, and with and without attention probabilities requested (real leaks in torch and keras
 hid on exactly such paths).
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -60,8 +61,13 @@ def causal_future_tokens(subject: Subject, case: Case) -> float:
     return exact_difference(outputs[0][:, :j], outputs[1][:, :j])
 
 
-@invariant(GROUP, tol.EXACT, pinned=lambda s: pinned_cases(s), cases=lambda s: batch_cases(s, min_tgt=2),
-           needs=("target_embeddings",))
+@invariant(
+    GROUP,
+    tol.EXACT,
+    pinned=lambda s: pinned_cases(s),
+    cases=lambda s: batch_cases(s, min_tgt=2),
+    needs=("target_embeddings",),
+)
 def causal_jacobian(subject: Subject, case: Case) -> float:
     """The float64 gradient of the logits at positions < j with respect to the target embeddings at >= j is exactly 0 (paper, section 3.2.3).
 
@@ -82,8 +88,13 @@ def causal_jacobian(subject: Subject, case: Case) -> float:
     return 0.0 if grad is None else grad[:, j:].abs().max().item()  # None: no path from the embeddings, so no leak
 
 
-@invariant(GROUP, tol.EXACT, pinned=lambda s: pinned_cases(s, capture=(True,)),
-           cases=lambda s: batch_cases(s, capture=True, min_tgt=2), needs=("attention_probs",))
+@invariant(
+    GROUP,
+    tol.EXACT,
+    pinned=lambda s: pinned_cases(s, capture=(True,)),
+    cases=lambda s: batch_cases(s, capture=True, min_tgt=2),
+    needs=("attention_probs",),
+)
 def causal_future_probs(subject: Subject, case: Case) -> float | tuple[float, str]:
     """Captured decoder self-attention probabilities of non-pad queries on future positions are exactly 0 (paper, section 3.2.3).
 
@@ -104,8 +115,13 @@ def causal_future_probs(subject: Subject, case: Case) -> float | tuple[float, st
     return max(p.masked_fill(~future, 0.0).abs().max().item() if future.any() else 0.0 for p in selfs)
 
 
-@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=lambda s: pinned_cases(s, train=(False,), tgt_len=5),
-           cases=lambda s: batch_cases(s, train=False), needs=("kv_cache",))
+@invariant(
+    GROUP,
+    tol.AGREEMENT[torch.float64],
+    pinned=lambda s: pinned_cases(s, train=(False,), tgt_len=5),
+    cases=lambda s: batch_cases(s, train=False),
+    needs=("kv_cache",),
+)
 def cached_decoding(subject: Subject, case: Case) -> float:
     """Incremental decoding with the KV cache, in random chunks, gives the logits of one full forward pass (user-observable)."""
     model, batch = subject.model(case.config), case.make_batch(subject)
@@ -118,6 +134,6 @@ def cached_decoding(subject: Subject, case: Case) -> float:
         gen = torch.Generator().manual_seed(case.seed)
         while t < case.tgt_len:
             n = int(torch.randint(1, case.tgt_len - t + 1, (1,), generator=gen))
-            steps.append(model.decode(batch.tgt[:, t:t + n], memory, batch.src_pad, no_pad[:, t:t + n], cache))
+            steps.append(model.decode(batch.tgt[:, t : t + n], memory, batch.src_pad, no_pad[:, t : t + n], cache))
             t += n
     return relative_error(torch.cat(steps, dim=1), full)

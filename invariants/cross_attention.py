@@ -13,6 +13,7 @@ attention over one key returns that key's value to every query, the same vector 
 position's logits depend only on its own token, unless the residual carries the self-attention's mixing of earlier
 target positions, as the paper's does.
 """
+
 from __future__ import annotations
 
 import torch
@@ -56,7 +57,9 @@ def source_reaches_logits(subject: Subject, case: tuple[Overrides, tuple[int, in
     target = tokens(cfg, (ROWS, T), gen)
     src_pad, tgt_pad = torch.zeros(ROWS, S, dtype=torch.bool), torch.zeros(ROWS, T, dtype=torch.bool)
     logits = [model(src, target, src_pad, tgt_pad) for src in sources]
-    moved = (logits[0] - logits[1]).abs().amax(-1) / logits[0].abs().amax((-1, -2), keepdim=True)[..., 0].clamp_min(1e-300)
+    moved = (logits[0] - logits[1]).abs().amax(-1) / logits[0].abs().amax((-1, -2), keepdim=True)[..., 0].clamp_min(
+        1e-300
+    )
     unmoved = int((~(moved > MOVED)).sum())  # NaN counts as unmoved: nothing observable came through
     notes = [f"{unmoved} of {ROWS * T} target positions whose logits no change of the source moves"] if unmoved else []
     wrong = 0
@@ -69,14 +72,20 @@ def source_reaches_logits(subject: Subject, case: tuple[Overrides, tuple[int, in
         if not cross:
             notes.append("attention_probs() recorded no cross-attention")
         elif keyed_otherwise:
-            notes.append(f"{len(keyed_otherwise)} of {len(cross)} cross-attention records with "
-                         f"{keyed_otherwise[0].probs.size(-1)} key columns for {S} source positions: cross-attention "
-                         f"does not read the encoder's output")
+            notes.append(
+                f"{len(keyed_otherwise)} of {len(cross)} cross-attention records with "
+                f"{keyed_otherwise[0].probs.size(-1)} key columns for {S} source positions: cross-attention "
+                f"does not read the encoder's output"
+            )
     return unmoved + wrong, "; ".join(notes)
 
 
-@invariant(RESIDUAL_GROUP, tol.RESIDUAL_SOURCE, pinned=lambda s: [(OWN_CONFIG, 0)],
-           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)))
+@invariant(
+    RESIDUAL_GROUP,
+    tol.RESIDUAL_SOURCE,
+    pinned=lambda s: [(OWN_CONFIG, 0)],
+    cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)),
+)
 def residual_own_input(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
     """With a one-token source (cross-attention then returns one vector to every query), changing the target tokens before the last moves its logits: the cross-attention residual adds its own input, which carries self-attention's output (paper, section 3.1)."""
     config, seed = case
@@ -90,6 +99,9 @@ def residual_own_input(subject: Subject, case: tuple[Overrides, int]) -> tuple[f
     src_pad, tgt_pad = torch.zeros(ROWS, 1, dtype=torch.bool), torch.zeros(ROWS, T, dtype=torch.bool)
     last = [model(source, tgt, src_pad, tgt_pad)[:, -1] for tgt in targets]
     change = min(relative_change(last[0][b], last[1][b], last[0][b]) for b in range(ROWS))
-    return change, ("" if change >= tol.RESIDUAL_SOURCE.value else
-                    "the last position's logits depend on its own token only: the residual around cross-attention adds "
-                    "the decoder layer's input, not the self-attention sub-layer's output")
+    return change, (
+        ""
+        if change >= tol.RESIDUAL_SOURCE.value
+        else "the last position's logits depend on its own token only: the residual around cross-attention adds "
+        "the decoder layer's input, not the self-attention sub-layer's output"
+    )

@@ -5,6 +5,7 @@ a `Property` that you call with a model spec: `causal_future_tokens("reference")
 Pinned cases (the spec's own config, e.g. the 65M base model, on small shapes) run first as
 hypothesis @example's; then hypothesis draws cases (random small configs, shapes, padding, seeds).
 """
+
 from __future__ import annotations
 
 import random
@@ -72,31 +73,54 @@ class Property:
     needs: tuple[str, ...] = ()
     applicable: Callable[[Subject], str | None] = field(default=lambda subject: None)
 
-    def __call__(self, model: Union[str, Factory, Subject], settings: hypothesis.settings | None = None,
-                 seed: int | None = None, replay: tuple[str, bytes] | None = None, profile: str = "") -> Result:
+    def __call__(
+        self,
+        model: Union[str, Factory, Subject],
+        settings: hypothesis.settings | None = None,
+        seed: int | None = None,
+        replay: tuple[str, bytes] | None = None,
+        profile: str = "",
+    ) -> Result:
         return run(self, model if isinstance(model, Subject) else Subject(model), settings, seed, replay, profile)
 
 
-def invariant(group: str, tolerance: Tolerance, pinned: Callable[[Subject], list] = lambda s: [],
-              cases: Callable[[Subject], st.SearchStrategy] | None = None, needs: tuple[str, ...] = (),
-              applicable: Callable[[Subject], str | None] = lambda s: None) -> Callable[[Callable], Property]:
+def invariant(
+    group: str,
+    tolerance: Tolerance,
+    pinned: Callable[[Subject], list] = lambda s: [],
+    cases: Callable[[Subject], st.SearchStrategy] | None = None,
+    needs: tuple[str, ...] = (),
+    applicable: Callable[[Subject], str | None] = lambda s: None,
+) -> Callable[[Callable], Property]:
     """Turn check(subject, case) -> error into a Property named after the function; its docstring's first line describes it."""
+
     def wrap(check: Callable[[Subject, Any], float]) -> Property:
         description = (check.__doc__ or "").strip().splitlines()[0]
         return Property(check.__name__, group, description, check, tolerance, pinned, cases, needs, applicable)
+
     return wrap
 
 
 def suite_settings(parent: hypothesis.settings | None = None) -> hypothesis.settings:
     """The profile's settings with what torch checks need: no deadline, no shared database, blobs printed."""
     return hypothesis.settings(
-        parent or hypothesis.settings(), deadline=None, database=None, print_blob=True, report_multiple_bugs=False,
+        parent or hypothesis.settings(),
+        deadline=None,
+        database=None,
+        print_blob=True,
+        report_multiple_bugs=False,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
 
 
-def run(prop: Property, subject: Subject, settings: hypothesis.settings | None = None, seed: int | None = None,
-        replay: tuple[str, bytes] | None = None, profile: str = "") -> Result:
+def run(
+    prop: Property,
+    subject: Subject,
+    settings: hypothesis.settings | None = None,
+    seed: int | None = None,
+    replay: tuple[str, bytes] | None = None,
+    profile: str = "",
+) -> Result:
     """Run one property against one subject and return its Result (never raises for a model's failure).
 
     settings default to the suite's profile ($HYPOTHESIS_PROFILE, else ci); profile names it in the replay command.
@@ -107,8 +131,14 @@ def run(prop: Property, subject: Subject, settings: hypothesis.settings | None =
         return _run(prop, subject, settings, seed, replay, profile)
 
 
-def _run(prop: Property, subject: Subject, settings: hypothesis.settings | None, seed: int | None,
-         replay: tuple[str, bytes] | None, profile: str) -> Result:
+def _run(
+    prop: Property,
+    subject: Subject,
+    settings: hypothesis.settings | None,
+    seed: int | None,
+    replay: tuple[str, bytes] | None,
+    profile: str,
+) -> Result:
     start = time.perf_counter()
     tol = prop.tolerance
     result = Result(prop.name, prop.group, prop.description, PASS, None, tol.value, tol.bound, tol.reason, 0)
@@ -136,7 +166,11 @@ def _run(prop: Property, subject: Subject, settings: hypothesis.settings | None,
     if seed is None and not settings.derandomize:
         seed = random.getrandbits(32)
     command = f"python -m invariants --model '{subject.name}' --only {prop.name}"
-    command += f" --profile {profile or 'ci'}" if settings.derandomize else f"{' --profile ' + profile if profile else ''} --seed {seed}"
+    command += (
+        f" --profile {profile or 'ci'}"
+        if settings.derandomize
+        else f"{' --profile ' + profile if profile else ''} --seed {seed}"
+    )
     try:
         if prop.cases is None:  # a fixed set of cases: nothing for hypothesis to draw
             for case in prop.pinned(subject):
@@ -158,12 +192,18 @@ def _run(prop: Property, subject: Subject, settings: hypothesis.settings | None,
     except Exception as exc:  # a violation fails; anything else raised is an error, never counted as a finding
         result.verdict = FAIL if isinstance(exc, Violation) else ERROR
         hypothesis_notes = [n.strip() for n in getattr(exc, "__notes__", [])]
-        blob = next((n.split("adding ", 1)[1].split(" as a decorator")[0]
-                     for n in hypothesis_notes if "@reproduce_failure" in n), "")
+        blob = next(
+            (
+                n.split("adding ", 1)[1].split(" as a decorator")[0]
+                for n in hypothesis_notes
+                if "@reproduce_failure" in n
+            ),
+            "",
+        )
         falsifying = next((n for n in hypothesis_notes if n.startswith(("Falsifying", "Failing"))), "")
         what = str(exc) if isinstance(exc, Violation) else f"raised {type(exc).__name__}: {exc}"
         result.reason = " ".join(what.split())[:500]
-        result.reproduce = command + (f" --replay \"{blob}\"" if blob else "")
+        result.reproduce = command + (f' --replay "{blob}"' if blob else "")
         if falsifying and not isinstance(exc, Violation):
             result.reason += " | " + " ".join(falsifying.split())[:300]
     if worst_note[0]:

@@ -10,6 +10,7 @@ circle (its radius dwarfs the biases and the positional encoding, so every pre-a
 the kinks add dimensions. The decoder is probed the same way, its length-1 target embeddings on a circle and
 one fixed length-1 memory (cross-attention to a single key is then a constant), with 3N + 2 normalisations.
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,9 +43,13 @@ def wide_enough(config: Overrides) -> bool:
     return config["d_model"] - 1 > normalisation_bounds(config["N"])[1]
 
 
-@invariant(GROUP, tol.NONLINEAR, pinned=lambda s: [(OWN_CONFIG, 0)],
-           cases=lambda s: st.tuples(small_configs().filter(wide_enough), st.integers(0, 2**16)),
-           needs=("source_embeddings", "target_embeddings"))
+@invariant(
+    GROUP,
+    tol.NONLINEAR,
+    pinned=lambda s: [(OWN_CONFIG, 0)],
+    cases=lambda s: st.tuples(small_configs().filter(wide_enough), st.integers(0, 2**16)),
+    needs=("source_embeddings", "target_embeddings"),
+)
 def ffn_nonlinear(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
     """Along a circle of length-1 inputs, encoder outputs and logits span more dimensions than normalisation alone can add: the FFNs are non-linear (paper, eq. 2)."""
     config, seed = case
@@ -52,8 +57,10 @@ def ffn_nonlinear(subject: Subject, case: tuple[Overrides, int]) -> tuple[float,
     cfg = model.config
     encoder_bound, decoder_bound = normalisation_bounds(cfg.N)
     if cfg.d_model - 1 <= decoder_bound or cfg.vocab_size <= decoder_bound + 1:
-        raise NotApplicable(f"d_model={cfg.d_model} or vocab_size={cfg.vocab_size} leaves no room above "
-                            f"{decoder_bound} affine dimensions, all that normalisation can reach at N={cfg.N}")
+        raise NotApplicable(
+            f"d_model={cfg.d_model} or vocab_size={cfg.vocab_size} leaves no room above "
+            f"{decoder_bound} affine dimensions, all that normalisation can reach at N={cfg.N}"
+        )
     gen = torch.Generator().manual_seed(seed)
     plane = torch.randn(2, cfg.d_model, generator=gen, dtype=torch.float64)
     points = max(64, 4 * (decoder_bound + 2))
@@ -65,8 +72,17 @@ def ffn_nonlinear(subject: Subject, case: tuple[Overrides, int]) -> tuple[float,
     logits = model.decode(circle, fixed, pad, pad)
     encoder = affine_span_excess(memory[:, 0], encoder_bound)
     decoder = affine_span_excess(logits[:, 0], decoder_bound)
-    flat = [f"{name} (at most {bound} affine dimensions)" for name, excess, bound
-            in (("encoder outputs", encoder, encoder_bound), ("decoder logits", decoder, decoder_bound))
-            if not excess >= tol.NONLINEAR.value]
-    return min(encoder, decoder), (f"{' and '.join(flat)}: only normalisation bends them (an FFN without its "
-                                   f"activation, or a stack whose output has lost its input)" if flat else "")
+    flat = [
+        f"{name} (at most {bound} affine dimensions)"
+        for name, excess, bound in (
+            ("encoder outputs", encoder, encoder_bound),
+            ("decoder logits", decoder, decoder_bound),
+        )
+        if not excess >= tol.NONLINEAR.value
+    ]
+    return min(encoder, decoder), (
+        f"{' and '.join(flat)}: only normalisation bends them (an FFN without its "
+        f"activation, or a stack whose output has lost its input)"
+        if flat
+        else ""
+    )

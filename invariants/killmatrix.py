@@ -3,6 +3,7 @@
 Each mutant's report is written to <out>/mutants/ as it finishes, so an interrupted run resumes where it
 stopped (pass fresh=True to recompute); the matrix is assembled from those reports.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,14 @@ def mutant_spec(name: str, overrides: Overrides) -> ModelSpec:
     return ModelSpec("mutant", name, overrides)
 
 
-def run_mutants(out: Path, settings: hypothesis.settings, profile: str, overrides: Overrides = OWN_CONFIG, fresh: bool = False,
-                command: str = "") -> list[dict[str, Any]]:
+def run_mutants(
+    out: Path,
+    settings: hypothesis.settings,
+    profile: str,
+    overrides: Overrides = OWN_CONFIG,
+    fresh: bool = False,
+    command: str = "",
+) -> list[dict[str, Any]]:
     """Run (or reuse) the report of every mutant; returns their report documents."""
     docs = []
     for name in tqdm(MUTANTS, desc="mutants", unit="mutant"):
@@ -42,8 +49,11 @@ def run_mutants(out: Path, settings: hypothesis.settings, profile: str, override
                 doc = json.loads(path.read_text())
             except ValueError:  # damaged: computed again
                 doc = None
-            if (isinstance(doc, dict) and doc.get("profile") == profile
-                    and [p["name"] for p in doc.get("properties", [])] == [p.name for p in PROPERTIES]):
+            if (
+                isinstance(doc, dict)
+                and doc.get("profile") == profile
+                and [p["name"] for p in doc.get("properties", [])] == [p.name for p in PROPERTIES]
+            ):
                 docs.append(doc)
                 continue
         start = time.perf_counter()
@@ -72,8 +82,14 @@ def matrix(docs: list[dict[str, Any]], command: str, overrides: Overrides = OWN_
 
 def markdown(kill: dict[str, Any]) -> str:
     props = kill["properties"]
-    rows = [[f"`{m}`" + ("" if kill["known_bug"][m] else " *"), *(CELL[kill["verdicts"][m][p]] for p in props),
-             "yes" if kill["caught"][m] else "**NO**"] for m in kill["mutants"]]
+    rows = [
+        [
+            f"`{m}`" + ("" if kill["known_bug"][m] else " *"),
+            *(CELL[kill["verdicts"][m][p]] for p in props),
+            "yes" if kill["caught"][m] else "**NO**",
+        ]
+        for m in kill["mutants"]
+    ]
     where = f"config {kill['config']}" if kill.get("config") else "the base config (the paper's 65M model)"
     killed_by = {p: sum(kill["verdicts"][m][p] == FAIL for m in kill["mutants"]) for p in props}
     lines = [

@@ -5,6 +5,7 @@ float64, so they are cheap and use small configs. The learning-rate schedule of 
 harness, not the model (the ablation runner trains every model with `model.objective.learning_rate`),
 so it is checked by the harness's own tests (tests/invariants/test_verdicts.py), not reported as a model's verdict.
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,8 +37,12 @@ def model_at(subject: Subject, config: Overrides, eps: float) -> Seq2SeqModel:
     return subject.model({**config, "eps_ls": eps, "pad_id": 0})
 
 
-@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=lambda s: [(PINNED_CONFIG, 0, 1.0), (PINNED_CONFIG, 1, EXTREME)],
-           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16), st.sampled_from([1.0, 100.0, EXTREME])))
+@invariant(
+    GROUP,
+    tol.AGREEMENT[torch.float64],
+    pinned=lambda s: [(PINNED_CONFIG, 0, 1.0), (PINNED_CONFIG, 1, EXTREME)],
+    cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16), st.sampled_from([1.0, 100.0, EXTREME])),
+)
 def loss_eps_zero_is_nll(subject: Subject, case: tuple[Overrides, int, float]) -> float:
     """With eps_ls=0 the loss is the NLL averaged over non-pad tokens, finite also at logits of 1e4 (paper, section 5.4; user-observable finiteness)."""
     config, seed, scale = case
@@ -64,9 +69,12 @@ def smoothed_targets(target: Tensor, vocab: int, eps: float, pad_id: int) -> dic
     }
 
 
-@invariant(GROUP, tol.ANALYTIC, pinned=lambda s: [(PINNED_CONFIG, 0, 0.1)],
-           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16),
-                                     st.floats(0.01, 0.5).map(lambda e: round(e, 3))))
+@invariant(
+    GROUP,
+    tol.ANALYTIC,
+    pinned=lambda s: [(PINNED_CONFIG, 0, 0.1)],
+    cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16), st.floats(0.01, 0.5).map(lambda e: round(e, 3))),
+)
 def loss_smoothed_minimum(subject: Subject, case: tuple[Overrides, int, float]) -> tuple[float, str]:
     """The loss is minimal where softmax(logits) is a label-smoothed target with the config's eps: zero gradient there (paper, section 5.4)."""
     config, seed, eps = case
@@ -83,8 +91,12 @@ def loss_smoothed_minimum(subject: Subject, case: tuple[Overrides, int, float]) 
     return gradients[best], f"minimum at the target with {best}"
 
 
-@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=lambda s: [(PINNED_CONFIG, 0)],
-           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)))
+@invariant(
+    GROUP,
+    tol.AGREEMENT[torch.float64],
+    pinned=lambda s: [(PINNED_CONFIG, 0)],
+    cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)),
+)
 def loss_pad_normalisation(subject: Subject, case: tuple[Overrides, int]) -> float:
     """The loss is averaged over non-pad target tokens: appending padded positions (any logits) changes nothing (user-observable)."""
     config, seed = case

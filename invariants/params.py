@@ -4,6 +4,7 @@ Counts are taken on models built on the meta device (shapes only), at the Table 
 the spec as overrides, so the check applies to any adapter. Rows the adapter cannot build (torch.nn
 needs h * d_k == d_model, so rows B1, B2) are named in the reason, not counted.
 """
+
 from __future__ import annotations
 
 import torch
@@ -64,8 +65,12 @@ def params_table3(subject: Subject, rows: list) -> tuple[float, str]:
     return worst, ("rows the model cannot build, not counted: " + "; ".join(unbuildable)) if unbuildable else ""
 
 
-@invariant(GROUP, tol.COUNT, pinned=lambda s: [None],
-           applicable=lambda s: None if s.config.share_embeddings else "config share_embeddings=false: nothing to tie")
+@invariant(
+    GROUP,
+    tol.COUNT,
+    pinned=lambda s: [None],
+    applicable=lambda s: None if s.config.share_embeddings else "config share_embeddings=false: nothing to tie",
+)
 def params_tied_embeddings(subject: Subject, _: None) -> float:
     """Source embedding, target embedding and pre-softmax linear are one tensor when the config shares them (paper, section 3.4).
 

@@ -4,6 +4,7 @@ The positive control shows the check has teeth: with the encoding on, permuting 
 encoder outputs measurably. Sources are drawn with distinct tokens per row, so that a permutation
 always changes the sequence.
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,7 +37,9 @@ def encoder_deviation(subject: Subject, case: Case) -> float:
     perm, other = permuted(case, batch)
     model.eval()
     keep = ~other.src_pad
-    return relative_error(model.encode(other.src, other.src_pad)[keep], model.encode(batch.src, batch.src_pad)[:, perm][keep])
+    return relative_error(
+        model.encode(other.src, other.src_pad)[keep], model.encode(batch.src, batch.src_pad)[:, perm][keep]
+    )
 
 
 def without_pe_cases(subject: Subject):
@@ -64,9 +67,13 @@ def permutation_cross_attention(subject: Subject, case: Case) -> float:
         return relative_error(other.forward(model), batch.forward(model))
 
 
-@invariant(GROUP, tol.EFFECT, pinned=lambda s: [c for c in pinned(s) if not c.padded],
-           cases=lambda s: batch_cases(s, train=False, capture=False, padded=False, min_src=2),
-           needs=("positional_table",))
+@invariant(
+    GROUP,
+    tol.EFFECT,
+    pinned=lambda s: [c for c in pinned(s) if not c.padded],
+    cases=lambda s: batch_cases(s, train=False, capture=False, padded=False, min_src=2),
+    needs=("positional_table",),
+)
 def permutation_positive_control(subject: Subject, case: Case) -> float:
     """With positional encoding on, permuting the source breaks encoder equivariance measurably (paper, section 3.5: PE injects order)."""
     return encoder_deviation(subject, case)

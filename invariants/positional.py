@@ -5,6 +5,7 @@ The two sinusoid checks are kept apart because they fail for different reasons; 
 is measured, not read from the config, and a learned table makes them not applicable. docs/invariants.md, "The
 positional checks", says why each check is built as it is.
 """
+
 from __future__ import annotations
 
 import torch
@@ -58,14 +59,17 @@ def judged_table(subject: Subject, config: Overrides) -> Tensor:
     pe = table(subject, config)
     positions, d_model = pe.shape
     if fit_offsets(pe) < 1:
-        raise NotApplicable(f"the table has {positions} positions, too few for a linear fit over {d_model} dimensions "
-                            f"(needs more than {ROWS_PER_DIM:g} x d_model: raise max_len)")
+        raise NotApplicable(
+            f"the table has {positions} positions, too few for a linear fit over {d_model} dimensions "
+            f"(needs more than {ROWS_PER_DIM:g} x d_model: raise max_len)"
+        )
     columns = column_residual(pe)
     if columns > SINUSOID_COLUMNS:
         raise NotApplicable(
             f"the table is not sinusoidal (learned?): its columns are no sinusoids (median recurrence residual "
             f"{columns:.3g}) and PE(p+1) = M PE(p) fitted over {positions - 1} positions > {d_model} dimensions leaves "
-            f"a residual of {linear_fit_residual(pe, 1):.3g}")
+            f"a residual of {linear_fit_residual(pe, 1):.3g}"
+        )
     return pe
 
 
@@ -73,7 +77,13 @@ def offsets(subject: Subject) -> st.SearchStrategy:
     return st.tuples(small_configs(), st.integers(1, 64))
 
 
-@invariant(GROUP, tol.PE_VALUES, pinned=lambda s: [(OWN_CONFIG, 1), (OWN_CONFIG, 17)], cases=offsets, needs=("positional_table",))
+@invariant(
+    GROUP,
+    tol.PE_VALUES,
+    pinned=lambda s: [(OWN_CONFIG, 1), (OWN_CONFIG, 17)],
+    cases=offsets,
+    needs=("positional_table",),
+)
 def pe_relative_linearity(subject: Subject, config_offset: tuple[Overrides, int]) -> float:
     """For each offset k one linear map takes PE(p) to PE(p+k) at every p, in any column layout (paper, section 3.5).
 
@@ -101,8 +111,13 @@ def layout_note(values: Tensor, expected: Tensor) -> str:
     return ""
 
 
-@invariant(GROUP, tol.PE_VALUES, pinned=lambda s: [(OWN_CONFIG, 0), (OWN_CONFIG, 1)],
-           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)), needs=("positional_table",))
+@invariant(
+    GROUP,
+    tol.PE_VALUES,
+    pinned=lambda s: [(OWN_CONFIG, 0), (OWN_CONFIG, 1)],
+    cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)),
+    needs=("positional_table",),
+)
 def pe_exact_values(subject: Subject, config_seed: tuple[Overrides, int]) -> tuple[float, str]:
     """PE[p, 2i] = sin(p / 10000^(2i/d_model)) and PE[p, 2i+1] = cos(...), interleaved, from p = 0 (paper, section 3.5)."""
     config, seed = config_seed
@@ -119,8 +134,13 @@ def has_positions(subject: Subject) -> str | None:
     return "config pe='none': the model is built without positional encoding" if subject.config.pe == "none" else None
 
 
-@invariant(GROUP, tol.POSITIONS, pinned=lambda s: [(OWN_CONFIG, 0)],
-           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)), applicable=has_positions)
+@invariant(
+    GROUP,
+    tol.POSITIONS,
+    pinned=lambda s: [(OWN_CONFIG, 0)],
+    cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)),
+    applicable=has_positions,
+)
 def positions_distinguished(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
     """One token repeated gives different encoder outputs and different logits at every position: positional encodings are added to both stacks' inputs (paper, section 3.5)."""
     config, seed = case
@@ -131,14 +151,25 @@ def positions_distinguished(subject: Subject, case: tuple[Overrides, int]) -> tu
     memory = model.encode(repeated, pad)
     logits = model.decode(repeated, memory, pad, pad)
     encoder, decoder = distinctness(memory[0]), distinctness(logits[0])
-    alike = [name for name, d in (("encoder outputs", encoder), ("decoder logits", decoder)) if not d >= tol.POSITIONS.value]
-    return min(encoder, decoder), (f"{' and '.join(alike)} repeat at two positions: no positional encoding is added "
-                                   f"to that stack's input, or its output has lost its input" if alike else "")
+    alike = [
+        name for name, d in (("encoder outputs", encoder), ("decoder logits", decoder)) if not d >= tol.POSITIONS.value
+    ]
+    return min(encoder, decoder), (
+        f"{' and '.join(alike)} repeat at two positions: no positional encoding is added "
+        f"to that stack's input, or its output has lost its input"
+        if alike
+        else ""
+    )
 
 
-@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=lambda s: [(OWN_CONFIG, 0)],
-           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)), applicable=has_positions,
-           needs=("positional_table", "positional_switch", "source_embeddings", "target_embeddings"))
+@invariant(
+    GROUP,
+    tol.AGREEMENT[torch.float64],
+    pinned=lambda s: [(OWN_CONFIG, 0)],
+    cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)),
+    applicable=has_positions,
+    needs=("positional_table", "positional_switch", "source_embeddings", "target_embeddings"),
+)
 def pe_unit_scale(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
     """Encoding embeddings x with positions on equals encoding x + the reported PE table with positions off (decoding too, where the table is sinusoidal): PE is added at unit scale, E sqrt(d_model) + PE, not scaled with the embeddings (paper, sections 3.4 and 3.5).
 
@@ -161,8 +192,11 @@ def pe_unit_scale(subject: Subject, case: tuple[Overrides, int]) -> tuple[float,
         with model.positional_encoding(False):
             errors["decoder logits"] = relative_error(model.decode(y + pe[:T], memory, src_pad, tgt_pad), logits)
     off = [name for name, error in errors.items() if tol.AGREEMENT[torch.float64].violated(error)]
-    notes = [f"{' and '.join(off)} differ: the positions enter at another scale than the table's (E sqrt(d_model) + PE)"] if off else []
+    notes = (
+        [f"{' and '.join(off)} differ: the positions enter at another scale than the table's (E sqrt(d_model) + PE)"]
+        if off
+        else []
+    )
     if not sinusoidal:
         notes.append("decoder not judged: the table is not sinusoidal, and the decoder may learn its own")
     return max(errors.values()), "; ".join(notes)
-

@@ -6,6 +6,7 @@ to start). `ci` is hypothesis's own derandomized profile, loaded automatically w
 re-registered, so it is never overridden. The suite itself (python -m invariants) draws EXAMPLES[profile]
 cases per property under the profile's other settings: the pinned base-model cases come on top.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """The suite's outputs: a terminal table, reports/invariants/<model>.md and .json, and the kill matrix."""
+
 from __future__ import annotations
 
 import datetime
@@ -39,10 +40,16 @@ def bound(r: Result | dict) -> str:
 
 
 def summary_table(results: list[Result], fmt: str = "simple") -> str:
-    rows = [[r.group.split()[0], r.name, MARK[r.verdict], number(r.worst_error), bound(r), r.examples, f"{r.seconds:.1f}"]
-            for r in results]
-    return tabulate(rows, ["#", "property", "verdict", "worst error", "tolerance", "examples", "s"], tablefmt=fmt,
-                    disable_numparse=True)
+    rows = [
+        [r.group.split()[0], r.name, MARK[r.verdict], number(r.worst_error), bound(r), r.examples, f"{r.seconds:.1f}"]
+        for r in results
+    ]
+    return tabulate(
+        rows,
+        ["#", "property", "verdict", "worst error", "tolerance", "examples", "s"],
+        tablefmt=fmt,
+        disable_numparse=True,
+    )
 
 
 def counts_text(counts: dict[str, int]) -> str:
@@ -55,8 +62,9 @@ def summary_line(spec: str, results: list[Result], seconds: float, profile: str)
     """The run in one line: the counts, then what was not applicable and why (so a skip is never silent)."""
     counts = {v: sum(r.verdict == v for r in results) for v in VERDICTS}
     skipped = "; ".join(f"{r.name} ({r.reason})" for r in results if r.verdict == NOT_APPLICABLE)
-    return (f"{spec}: {counts_text(counts)} in {seconds:.0f} s (profile {profile})"
-            + (f"; not applicable: {skipped}" if skipped else ""))
+    return f"{spec}: {counts_text(counts)} in {seconds:.0f} s (profile {profile})" + (
+        f"; not applicable: {skipped}" if skipped else ""
+    )
 
 
 def document(spec: str, results: list[Result], profile: str, command: str, seconds: float) -> dict[str, Any]:
@@ -76,8 +84,18 @@ def document(spec: str, results: list[Result], profile: str, command: str, secon
 
 def markdown(doc: dict[str, Any]) -> str:
     props = doc["properties"]
-    rows = [[p["group"].split()[0], f"`{p['name']}`", MARK[p["verdict"]], number(p["worst_error"]), bound(p),
-             p["examples"], p["description"]] for p in props]
+    rows = [
+        [
+            p["group"].split()[0],
+            f"`{p['name']}`",
+            MARK[p["verdict"]],
+            number(p["worst_error"]),
+            bound(p),
+            p["examples"],
+            p["description"],
+        ]
+        for p in props
+    ]
     lines = [
         f"# Invariants: `{doc['model']}`",
         "",
@@ -86,8 +104,12 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"Regenerate: `{doc['command']}`",
         "",
-        tabulate(rows, ["#", "property", "verdict", "worst error", "tolerance", "examples", "what it checks"],
-                 tablefmt="github", disable_numparse=True),
+        tabulate(
+            rows,
+            ["#", "property", "verdict", "worst error", "tolerance", "examples", "what it checks"],
+            tablefmt="github",
+            disable_numparse=True,
+        ),
         "",
     ]
     notes = [p for p in props if p["reason"] or p["reproduce"]]
@@ -111,7 +133,9 @@ def writable_folder(folder: Path, flag: str = "--out") -> Path:
         with tempfile.TemporaryFile(dir=existing):  # a real write: permissions alone miss read-only mounts and /proc
             pass
     except OSError:
-        raise ValueError(f"{flag} {folder}: cannot write there ({existing} is not a writable folder); give one you can write") from None
+        raise ValueError(
+            f"{flag} {folder}: cannot write there ({existing} is not a writable folder); give one you can write"
+        ) from None
     return folder
 
 

@@ -12,6 +12,7 @@ On the same zeroed copy, each layer is LayerNorm(x + constant): as the input emb
 vanish beside them and LayerNorm divides the scale away, so the outputs converge. A stack that leaves out its
 LayerNorm computes x + constants, and its outputs grow with the input.
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,9 +34,12 @@ SCALES = (1e6, 1e10)  # input embedding sizes: constants of O(1) move a normalis
 def normalisation_parameters(model: Seq2SeqModel) -> list[tuple[Parameter, str]]:
     """(parameter, its name in its module) of every normalisation: a module without submodules whose class name says
     Norm (LayerNorm, RMSNorm, ...; a block class named PreNormLayer holds sub-layers, and is none)."""
-    return [(p, name) for module in model.modules()
-            if "norm" in type(module).__name__.lower() and next(module.children(), None) is None
-            for name, p in module.named_parameters()]
+    return [
+        (p, name)
+        for module in model.modules()
+        if "norm" in type(module).__name__.lower() and next(module.children(), None) is None
+        for name, p in module.named_parameters()
+    ]
 
 
 def without_sublayer_weights(subject: Subject, config: Overrides, biases: bool = False) -> Seq2SeqModel:
@@ -58,14 +62,20 @@ def without_sublayer_weights(subject: Subject, config: Overrides, biases: bool =
     return model
 
 
-@invariant(GROUP, tol.RESIDUAL, pinned=lambda s: [(OWN_CONFIG, 0)],
-           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)))
+@invariant(
+    GROUP,
+    tol.RESIDUAL,
+    pinned=lambda s: [(OWN_CONFIG, 0)],
+    cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)),
+)
 def residual_paths(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
     """With the sub-layers' weight matrices zeroed, distinct tokens still give distinct encoder outputs and logits: each sub-layer's input reaches its output (paper, section 3.1)."""
     config, seed = case
     model = without_sublayer_weights(subject, config)
     if model.config.d_model <= 2:
-        raise NotApplicable("d_model <= 2: LayerNorm maps every vector to one of two points, so tokens cannot stay apart")
+        raise NotApplicable(
+            "d_model <= 2: LayerNorm maps every vector to one of two points, so tokens cannot stay apart"
+        )
     n = min(TOKENS, model.config.vocab_size - 1)
     ids = tokens(model.config, (1, n), torch.Generator().manual_seed(seed), distinct=True)
     pad = torch.zeros_like(ids, dtype=torch.bool)
@@ -73,12 +83,21 @@ def residual_paths(subject: Subject, case: tuple[Overrides, int]) -> tuple[float
         memory = model.encode(ids, pad)
         logits = model.decode(ids, memory, pad, pad)
     encoder, decoder = distinctness(memory[0]), distinctness(logits[0])
-    lost = [name for name, d in (("encoder outputs", encoder), ("decoder logits", decoder)) if not d >= tol.RESIDUAL.value]
-    return min(encoder, decoder), (f"{' and '.join(lost)} are the same at every position: a residual path is missing" if lost else "")
+    lost = [
+        name for name, d in (("encoder outputs", encoder), ("decoder logits", decoder)) if not d >= tol.RESIDUAL.value
+    ]
+    return min(encoder, decoder), (
+        f"{' and '.join(lost)} are the same at every position: a residual path is missing" if lost else ""
+    )
 
 
-@invariant(GROUP, tol.NORMALISED, pinned=lambda s: [(OWN_CONFIG, 0)],
-           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)), needs=("source_embeddings", "target_embeddings"))
+@invariant(
+    GROUP,
+    tol.NORMALISED,
+    pinned=lambda s: [(OWN_CONFIG, 0)],
+    cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)),
+    needs=("source_embeddings", "target_embeddings"),
+)
 def layer_norm_outputs(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
     """With the sub-layers' weight matrices zeroed, input embeddings of size 1e6 and 1e10 give the same encoder outputs and logits: each layer ends in LayerNorm (paper, section 3.1)."""
     config, seed = case
@@ -93,5 +112,11 @@ def layer_norm_outputs(subject: Subject, case: tuple[Overrides, int]) -> tuple[f
             memories.append(model.encode(scale * source, pad))
             logits.append(model.decode(scale * target, memories[-1], pad, pad))
     encoder, decoder = relative_change(*memories, memories[-1]), relative_change(*logits, logits[-1])
-    grown = [name for name, change in (("encoder outputs", encoder), ("decoder logits", decoder)) if not change <= tol.NORMALISED.value]
-    return max(encoder, decoder), (f"{' and '.join(grown)} grow with the input: no LayerNorm after the residual sum" if grown else "")
+    grown = [
+        name
+        for name, change in (("encoder outputs", encoder), ("decoder logits", decoder))
+        if not change <= tol.NORMALISED.value
+    ]
+    return max(encoder, decoder), (
+        f"{' and '.join(grown)} grow with the input: no LayerNorm after the residual sum" if grown else ""
+    )

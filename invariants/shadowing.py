@@ -6,6 +6,7 @@ working directory first on sys.path, so a model.py or model/ there hides the har
 this module says instead which file hides it and what to run: the console script, which leaves the working directory
 off sys.path. Adapter files never hide it: model/registry.py imports them by path under names of their own.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -57,7 +58,7 @@ def refuse(name: str = "model") -> None:
     line = f"{shown(path)} shadows the harness's {name!r} package"
     if module.partition(".")[0] not in SCRIPTS:  # imported by a script or another tool: its caller decides
         raise ImportError(f"{line}; rename it, or keep its folder off sys.path")
-    args = sys.orig_argv[sys.orig_argv.index("-m") + 2:]
+    args = sys.orig_argv[sys.orig_argv.index("-m") + 2 :]
     fix = f"run {shlex.join([SCRIPTS[module], *args])} instead" if module in SCRIPTS else "run it from another folder"
     print(f"error: {line}; {fix}", file=sys.stderr)
     raise SystemExit(2)

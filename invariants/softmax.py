@@ -6,6 +6,7 @@ skips them, cross-attention masks them), so a model may leave them as it likes. 
 "dead row") has no right answer in the paper; whether a model makes it all zeros (the reference) or uniform over
 the masked keys (HuggingFace) is its convention, reported but not judged.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -54,8 +55,10 @@ def misshapen(records: list, batch: Batch) -> str:
         if queries_keys is None:
             wrong.append(f"a record of unknown kind {r.kind!r}")
         elif r.probs.dim() != 4 or r.probs.size(0) != B or tuple(r.probs.shape[-2:]) != queries_keys:
-            wrong.append(f"{r.kind} layer {r.layer} of shape {tuple(r.probs.shape)} where ({B}, h, {queries_keys[0]}, "
-                         f"{queries_keys[1]}) is expected")
+            wrong.append(
+                f"{r.kind} layer {r.layer} of shape {tuple(r.probs.shape)} where ({B}, h, {queries_keys[0]}, "
+                f"{queries_keys[1]}) is expected"
+            )
     if not wrong:
         return ""
     return f"captured probabilities of the wrong shape: {'; '.join(wrong[:2])}{' ...' if len(wrong) > 2 else ''}"
@@ -72,10 +75,13 @@ def captured(model: Seq2SeqModel, batch: Batch, case: Case, scale: float = 1.0) 
     return records
 
 
-@invariant(GROUP, tol.ROW_SUM[torch.float32],
-           pinned=lambda s: list(zip(pinned_cases(s, train=(False,), capture=(True,)), (1.0, EXTREME))),
-           cases=lambda s: st.tuples(batch_cases(s, train=False, capture=True), st.sampled_from([1.0, EXTREME])),
-           needs=("attention_probs", "target_embeddings"))
+@invariant(
+    GROUP,
+    tol.ROW_SUM[torch.float32],
+    pinned=lambda s: list(zip(pinned_cases(s, train=(False,), capture=(True,)), (1.0, EXTREME))),
+    cases=lambda s: st.tuples(batch_cases(s, train=False, capture=True), st.sampled_from([1.0, EXTREME])),
+    needs=("attention_probs", "target_embeddings"),
+)
 def softmax_rows(subject: Subject, case_scale: tuple[Case, float]) -> float | tuple[float, str]:
     """Every captured row of a non-pad query with a visible key sums to 1, entries in [0, 1], finite, also at extreme inputs (float32, eval) (paper, section 3.2.1).
 
@@ -100,8 +106,13 @@ def softmax_rows(subject: Subject, case_scale: tuple[Case, float]) -> float | tu
     return worst
 
 
-@invariant(GROUP, tol.EXACT, pinned=lambda s: pinned_cases(s, capture=(True,), padded=(True,)),
-           cases=lambda s: batch_cases(s, capture=True, padded=True), needs=("attention_probs", "target_embeddings"))
+@invariant(
+    GROUP,
+    tol.EXACT,
+    pinned=lambda s: pinned_cases(s, capture=(True,), padded=(True,)),
+    cases=lambda s: batch_cases(s, capture=True, padded=True),
+    needs=("attention_probs", "target_embeddings"),
+)
 def padding_probs_zero(subject: Subject, case: Case) -> float | tuple[float, str]:
     """Every non-pad query puts exactly 0 probability on padded keys, in encoder, decoder and cross-attention (paper, section 3.2.3: masking).
 
@@ -139,12 +150,19 @@ def dead_row_convention(records: list, batch: Batch) -> str:
             zeros, uniform = zeros + int(is_zero.sum()), uniform + int(is_uniform.sum())
             other += int((~is_zero & ~is_uniform).sum())
     counts = [f"{n} {what}" for n, what in ((zeros, "all zero"), (uniform, "uniform"), (other, "other")) if n]
-    return f"rows with no visible key: {', '.join(counts)} (the model's convention, reported, not judged)" if counts else ""
+    return (
+        f"rows with no visible key: {', '.join(counts)} (the model's convention, reported, not judged)"
+        if counts
+        else ""
+    )
 
 
-@invariant(GROUP, tol.COUNT,
-           pinned=lambda s: list(zip(pinned_cases(s, padded=(False,))[::-1], ("both", "target"))),
-           cases=lambda s: st.tuples(batch_cases(s, padded=False), st.sampled_from(FULLY_PADDED)))
+@invariant(
+    GROUP,
+    tol.COUNT,
+    pinned=lambda s: list(zip(pinned_cases(s, padded=(False,))[::-1], ("both", "target"))),
+    cases=lambda s: st.tuples(batch_cases(s, padded=False), st.sampled_from(FULLY_PADDED)),
+)
 def fully_padded_rows(subject: Subject, case_which: tuple[Case, str]) -> tuple[float, str]:
     """A fully padded source or target row keeps the loss, the logits at non-pad positions and every gradient finite (user-observable).
 
@@ -154,7 +172,9 @@ def fully_padded_rows(subject: Subject, case_which: tuple[Case, str]) -> tuple[f
     """
     case, which = case_which
     model = subject.model(case.config, torch.float32)  # float32, where a -inf mask turns into NaN
-    batch = Case(case.config, 2, case.src_len, case.tgt_len, False, case.train, case.capture, case.seed).make_batch(subject)
+    batch = Case(case.config, 2, case.src_len, case.tgt_len, False, case.train, case.capture, case.seed).make_batch(
+        subject
+    )
     src_pad, tgt_pad = batch.src_pad.clone(), batch.tgt_pad.clone()
     if which in ("source", "both"):
         src_pad[1] = True
@@ -164,7 +184,7 @@ def fully_padded_rows(subject: Subject, case_which: tuple[Case, str]) -> tuple[f
     batch = Batch(batch.src.masked_fill(src_pad, pad_id), batch.tgt.masked_fill(tgt_pad, pad_id), src_pad, tgt_pad)
     model.train(case.train)
     with torch.enable_grad():
-        with seeded(case.seed), (model.attention_probs() if case.capture else nullcontext([])) as records:
+        with seeded(case.seed), model.attention_probs() if case.capture else nullcontext([]) as records:
             logits = batch.forward(model)
         loss = model.loss(logits, batch.tgt)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -174,6 +194,8 @@ def fully_padded_rows(subject: Subject, case_which: tuple[Case, str]) -> tuple[f
     bad_grads = sum(1 for g in grads if g is not None and not torch.isfinite(g).all())
     error = bad_logits + bad_loss + bad_grads
     mode = ("train" if case.train else "eval") + (", attention probabilities requested" if case.capture else "")
-    found = (f"{which} row fully padded ({mode}): {bad_logits} non-finite logits at non-pad positions, "
-             f"{'a non-finite' if bad_loss else 'a finite'} loss, {bad_grads} parameters with non-finite gradients")
+    found = (
+        f"{which} row fully padded ({mode}): {bad_logits} non-finite logits at non-pad positions, "
+        f"{'a non-finite' if bad_loss else 'a finite'} loss, {bad_grads} parameters with non-finite gradients"
+    )
     return error, found if error else dead_row_convention(records, batch)

@@ -4,6 +4,7 @@ Checks ask for `subject.model(overrides, dtype)`; overrides are config fields se
 ({} for the spec itself, the 65M base model by default; {"N": 1, "d_model": 16, ...} for a small one),
 which works for registered models and user adapters alike. Models are built with a fixed seed, so runs repeat.
 """
+
 from __future__ import annotations
 
 import copy
@@ -92,8 +93,11 @@ class Subject:
         for cap in names:
             if cap not in self.unsupported and cap not in self._probed:
                 self._probed[cap] = capabilities.missing(self.model(OWN_CONFIG), cap)
-        reasons = [f"{cap}: {self.unsupported.get(cap) or self._probed[cap]}" for cap in names
-                   if cap in self.unsupported or self._probed[cap]]
+        reasons = [
+            f"{cap}: {self.unsupported.get(cap) or self._probed[cap]}"
+            for cap in names
+            if cap in self.unsupported or self._probed[cap]
+        ]
         return "; ".join(reasons) or None
 
 
@@ -112,12 +116,13 @@ def right_padding(batch: int, length: int, padded: bool, gen: torch.Generator) -
     pad = torch.zeros(batch, length, dtype=torch.bool)
     if padded:
         for b in range(1, batch):
-            pad[b, int(torch.randint(1, length + 1, (1,), generator=gen)):] = True
+            pad[b, int(torch.randint(1, length + 1, (1,), generator=gen)) :] = True
     return pad
 
 
-def random_batch(cfg: TransformerConfig, batch: int, src_len: int, tgt_len: int, padded: bool, seed: int,
-               distinct: bool = False) -> Batch:
+def random_batch(
+    cfg: TransformerConfig, batch: int, src_len: int, tgt_len: int, padded: bool, seed: int, distinct: bool = False
+) -> Batch:
     """A random batch whose pad positions hold pad_id; row 0 is never padded."""
     gen = torch.Generator().manual_seed(seed)
     src, tgt = tokens(cfg, (batch, src_len), gen, distinct), tokens(cfg, (batch, tgt_len), gen)

@@ -29,6 +29,7 @@ sees at least 5 keys of equal value (decoder positions from FIRST_JUDGED on), th
 positive half (d_ff >= 2 d_model). Attention mixes positions, but only multiples of u: a position is as in eval
 exactly when its own masks spare it, and positions count as independent samples.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,9 +49,14 @@ P_DROP = 0.3  # residual_dropout: both coordinates of a two-hot survive a mask w
 SCALE = 1e8  # of the inputs: the positional encoding beside them moves a normalised output by ~1e-8
 SAMPLES, LENGTH = 32, 8  # residual_dropout: sequences x positions, 256 independent positions
 SAME = 1e-4  # relative difference counted as the eval output: LayerNorm eps shifts a rescaled input by <= 1e-5, a lost coordinate by >= 1e-2
-VOCABULARY = 1000  # on the spec's own config: the sites do not depend on it, and 37000 logits per position cost most of a pass
+VOCABULARY = (
+    1000  # on the spec's own config: the sites do not depend on it, and 37000 logits per position cost most of a pass
+)
 SITE_P = 0.075  # dropout_every_sublayer runs at P_drop = SITE_P / N: a share of (1-p)^4 q^(3N) ~ 0.3 at every N
-ROWS = {True: 48, False: 384}  # dropout_every_sublayer's sequences on the spec's own config (costly at base) / drawn configs
+ROWS = {
+    True: 48,
+    False: 384,
+}  # dropout_every_sublayer's sequences on the spec's own config (costly at base) / drawn configs
 SOURCE_LEN, TARGET_LEN, FIRST_JUDGED = 8, 12, 4  # decoder positions from 4 on see >= 5 keys
 # Each sub-layer adds GROWTH / N times the stream (half that for an FFN): small, so that what a mask took at the first
 # sub-layer, about GROWTH / 2N of the stream, is still ~GROWTH / 2N / e at the last (1e-2, 100x SAME, at N = 6), not
@@ -86,9 +92,11 @@ def deviation(share: float, expected: float, samples: int) -> float:
 def judged(shares: list[tuple[str, float, float, int]], why_high: str, why_low: str) -> tuple[float, str]:
     """The largest |deviation| over (name, share, expected, samples), and a note for those beyond the tolerance."""
     deviations = [(name, share, expected, deviation(share, expected, n)) for name, share, expected, n in shares]
-    notes = [f"{name} {share:.1%} as in eval, expected {expected:.1%} ({z:+.1f} std): "
-             f"{why_high if z > 0 else why_low}" for name, share, expected, z in deviations
-             if tol.DROPOUT_SITES.violated(abs(z))]
+    notes = [
+        f"{name} {share:.1%} as in eval, expected {expected:.1%} ({z:+.1f} std): {why_high if z > 0 else why_low}"
+        for name, share, expected, z in deviations
+        if tol.DROPOUT_SITES.violated(abs(z))
+    ]
     return max(abs(z) for *_, z in deviations), "; ".join(notes)
 
 
@@ -99,8 +107,13 @@ def spec_config(subject: Subject, config: Overrides, p: float) -> Overrides:
     return {"P_drop": p, "vocab_size": min(subject.config.vocab_size, VOCABULARY)}
 
 
-@invariant(GROUP, tol.DROPOUT_SITES, pinned=lambda s: [(OWN_CONFIG, 0)],
-           cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)), needs=("source_embeddings", "target_embeddings"))
+@invariant(
+    GROUP,
+    tol.DROPOUT_SITES,
+    pinned=lambda s: [(OWN_CONFIG, 0)],
+    cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)),
+    needs=("source_embeddings", "target_embeddings"),
+)
 def residual_dropout(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
     """With every sub-layer computing 0, train mode leaves an output as in eval exactly when the embedding dropout spares its input: one mask on the embeddings, none on the residual stream (paper, section 5.4)."""
     config, seed = case
@@ -115,9 +128,11 @@ def residual_dropout(subject: Subject, case: tuple[Overrides, int]) -> tuple[flo
         encoder = share_as_in_eval(model.encode(inputs, pad), memory)
         decoder = share_as_in_eval(model.decode(inputs, memory, pad, pad), logits)
     expected, n = (1 - P_DROP) ** 2, SAMPLES * length
-    return judged([("encoder outputs", encoder, expected, n), ("decoder logits", decoder, expected, n)],
-                  why_high=f"the embeddings' sums are not dropped (at P_drop={P_DROP})",
-                  why_low="dropout reaches the residual stream, or drops more than P_drop")
+    return judged(
+        [("encoder outputs", encoder, expected, n), ("decoder logits", decoder, expected, n)],
+        why_high=f"the embeddings' sums are not dropped (at P_drop={P_DROP})",
+        why_low="dropout reaches the residual stream, or drops more than P_drop",
+    )
 
 
 def signs(n: int, d_model: int) -> Tensor:
@@ -130,8 +145,10 @@ def pattern(shape: torch.Size, d_model: int, gain: float) -> Tensor:
     """A weight matrix that maps multiples of u to multiples of u (either axis may be the input):
     gain / 4 s_i s_j / sqrt(copies_i copies_j), s = `signs`, copies = ceil(n / d_model) on an axis of n. Two in a row
     (W^V then W^O; W_1, ReLU, W_2) multiply by gain^2 (gain^2 / 2 through the ReLU) however wide the space between."""
+
     def axis(n: int) -> Tensor:
         return signs(n, d_model) / math.sqrt(math.ceil(n / d_model))
+
     return 0.25 * gain * axis(shape[-2])[:, None] * axis(shape[-1])[None, :]
 
 
@@ -172,9 +189,13 @@ def site_shares(p: float, N: int) -> tuple[float, float]:
     return (1 - p) ** 4 * q ** (2 * N), (1 - p) ** 4 * q ** (3 * N)
 
 
-@invariant(GROUP, tol.DROPOUT_SITES, pinned=lambda s: [(OWN_CONFIG, 0)],
-           cases=lambda s: st.tuples(small_configs().filter(wide_enough), st.integers(0, 2**16)),
-           needs=("source_embeddings", "target_embeddings", "positional_switch"))
+@invariant(
+    GROUP,
+    tol.DROPOUT_SITES,
+    pinned=lambda s: [(OWN_CONFIG, 0)],
+    cases=lambda s: st.tuples(small_configs().filter(wide_enough), st.integers(0, 2**16)),
+    needs=("source_embeddings", "target_embeddings", "positional_switch"),
+)
 def dropout_every_sublayer(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
     """With every sub-layer mapping its input to a multiple of one direction u, the share of outputs train mode leaves as in eval is that of one dropout on each sub-layer's output and one on the embeddings, (1-p)^4 ((1-p)^4 + p^4)^(sub-layers) (paper, section 5.4)."""
     config, seed = case
@@ -186,8 +207,10 @@ def dropout_every_sublayer(subject: Subject, case: tuple[Overrides, int]) -> tup
     if target_len <= FIRST_JUDGED:
         raise NotApplicable(f"max_len={model.config.max_len}: decoder positions from {FIRST_JUDGED} on are needed")
     if d < 8:
-        raise NotApplicable(f"d_model={d}: u's four coordinates need others beside them (at d_model 4, half of u minus "
-                            f"its mean is u again, and a mask that drops half of u would pass as eval)")
+        raise NotApplicable(
+            f"d_model={d}: u's four coordinates need others beside them (at d_model 4, half of u minus "
+            f"its mean is u again, and a mask that drops half of u would pass as eval)"
+        )
     size = math.sqrt(d / 4)  # a LayerNorm'd stream along u; the same at every position, attention is then spread evenly
     memory, source, target = (along_u(rows, n, d, size) for n in (source_len, source_len, target_len))
     src_pad = torch.zeros(rows, source_len, dtype=torch.bool)
@@ -200,7 +223,11 @@ def dropout_every_sublayer(subject: Subject, case: tuple[Overrides, int]) -> tup
             encoder = as_in_eval(model.encode(source, src_pad), encoded)
             decoder = as_in_eval(model.decode(target, memory, src_pad, tgt_pad), logits)[:, FIRST_JUDGED:]
     expect_encoder, expect_decoder = site_shares(p, model.config.N)
-    return judged([("encoder outputs", encoder.double().mean().item(), expect_encoder, encoder.numel()),
-                   ("decoder logits", decoder.double().mean().item(), expect_decoder, decoder.numel())],
-                  why_high=f"fewer dropout masks than one per sub-layer output and one on the embeddings (P_drop={p:.3g})",
-                  why_low=f"more dropout masks than one per sub-layer output and one on the embeddings (P_drop={p:.3g})")
+    return judged(
+        [
+            ("encoder outputs", encoder.double().mean().item(), expect_encoder, encoder.numel()),
+            ("decoder logits", decoder.double().mean().item(), expect_decoder, decoder.numel()),
+        ],
+        why_high=f"fewer dropout masks than one per sub-layer output and one on the embeddings (P_drop={p:.3g})",
+        why_low=f"more dropout masks than one per sub-layer output and one on the embeddings (P_drop={p:.3g})",
+    )

@@ -1,29 +1,62 @@
 """The suite: every property, grouped by the part of the paper's design it checks, run against one model with a progress bar."""
+
 from __future__ import annotations
 
 import hypothesis
 from tqdm import tqdm
 
 from invariants import (
-    behaviour, block_order, causal, cross_attention, feedforward, objective, params, permutation, positional, residual,
-    softmax, sublayer_dropout,
+    behaviour,
+    block_order,
+    causal,
+    cross_attention,
+    feedforward,
+    objective,
+    params,
+    permutation,
+    positional,
+    residual,
+    softmax,
+    sublayer_dropout,
 )
 from invariants.engine import Property, Result
 from invariants.subject import Factory, Subject
 
 PROPERTIES: list[Property] = [
-    causal.causal_future_tokens, causal.causal_jacobian, causal.causal_future_probs, causal.cached_decoding,
-    permutation.permutation_encoder, permutation.permutation_cross_attention, permutation.permutation_positive_control,
-    softmax.softmax_rows, softmax.padding_probs_zero, softmax.fully_padded_rows,
-    positional.pe_relative_linearity, positional.pe_exact_values, positional.positions_distinguished,
+    causal.causal_future_tokens,
+    causal.causal_jacobian,
+    causal.causal_future_probs,
+    causal.cached_decoding,
+    permutation.permutation_encoder,
+    permutation.permutation_cross_attention,
+    permutation.permutation_positive_control,
+    softmax.softmax_rows,
+    softmax.padding_probs_zero,
+    softmax.fully_padded_rows,
+    positional.pe_relative_linearity,
+    positional.pe_exact_values,
+    positional.positions_distinguished,
     positional.pe_unit_scale,
-    params.params_base, params.params_table3, params.params_tied_embeddings,
-    behaviour.padding_invariance, behaviour.batch_independence, behaviour.eval_determinism, behaviour.dropout_active,
-    behaviour.fast_equals_explicit, behaviour.attention_scaling, behaviour.embedding_scaling,
+    params.params_base,
+    params.params_table3,
+    params.params_tied_embeddings,
+    behaviour.padding_invariance,
+    behaviour.batch_independence,
+    behaviour.eval_determinism,
+    behaviour.dropout_active,
+    behaviour.fast_equals_explicit,
+    behaviour.attention_scaling,
+    behaviour.embedding_scaling,
     behaviour.gradients_reach_all,
-    objective.loss_eps_zero_is_nll, objective.loss_smoothed_minimum, objective.loss_pad_normalisation,
-    residual.residual_paths, residual.layer_norm_outputs, block_order.post_ln_order, cross_attention.residual_own_input,
-    sublayer_dropout.residual_dropout, sublayer_dropout.dropout_every_sublayer,
+    objective.loss_eps_zero_is_nll,
+    objective.loss_smoothed_minimum,
+    objective.loss_pad_normalisation,
+    residual.residual_paths,
+    residual.layer_norm_outputs,
+    block_order.post_ln_order,
+    cross_attention.residual_own_input,
+    sublayer_dropout.residual_dropout,
+    sublayer_dropout.dropout_every_sublayer,
     feedforward.ffn_nonlinear,
     cross_attention.source_reaches_logits,
 ]
@@ -36,13 +69,21 @@ def select(names: list[str] | None) -> list[Property]:
         return PROPERTIES
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
-        raise ValueError(f"unknown propert{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; valid: {', '.join(BY_NAME)}")
+        raise ValueError(
+            f"unknown propert{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; valid: {', '.join(BY_NAME)}"
+        )
     return [BY_NAME[n] for n in names]
 
 
-def run_suite(model: str | Factory | Subject, properties: list[Property] | None = None,
-              settings: hypothesis.settings | None = None, seed: int | None = None,
-              replay: tuple[str, bytes] | None = None, progress: bool = False, profile: str = "") -> list[Result]:
+def run_suite(
+    model: str | Factory | Subject,
+    properties: list[Property] | None = None,
+    settings: hypothesis.settings | None = None,
+    seed: int | None = None,
+    replay: tuple[str, bytes] | None = None,
+    progress: bool = False,
+    profile: str = "",
+) -> list[Result]:
     """Run properties (default: all) against one model; a bad spec raises model.SpecError before any runs."""
     subject = model if isinstance(model, Subject) else Subject(model)
     results = []

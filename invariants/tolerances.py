@@ -6,6 +6,7 @@ relative to the scale of the compared values (max |reference|, at least 1) unles
 otherwise. Where masking makes the answer exact (a masked probability, the causal Jacobian), the
 tolerance is 0: any nonzero value is leakage, not rounding.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,13 +46,17 @@ COUNT = Tolerance(0.0, "a count of offending tensors or entries; any is a failur
 # a few thousand operations deep, so 1e-10 relative leaves 1e4x headroom and still catches any real bug,
 # which moves outputs by 1e-3 or more.
 AGREEMENT = {
-    torch.float64: Tolerance(1e-10, "float64 sums in a different order agree to ~1e-14 relative; bugs move outputs by >1e-3"),
+    torch.float64: Tolerance(
+        1e-10, "float64 sums in a different order agree to ~1e-14 relative; bugs move outputs by >1e-3"
+    ),
     # Not used by the suite's checks (they run in float64); here for users comparing float32 runs.
     torch.float32: Tolerance(1e-4, "float32 noise on O(1)..O(10) logits after a few layers is ~1e-5"),
 }
 ROW_SUM = {
     torch.float64: Tolerance(1e-12, "a float64 softmax row of <100 entries sums to 1 within ~1e-15"),
-    torch.float32: Tolerance(1e-5, "a float32 softmax row of <100 entries sums to 1 within ~1e-6, also at extreme scores"),
+    torch.float32: Tolerance(
+        1e-5, "a float32 softmax row of <100 entries sums to 1 within ~1e-6, also at extreme scores"
+    ),
 }
 ANALYTIC = Tolerance(1e-12, "a float64 closed form (loss minimum, schedule peak, embedding scale) is exact to ~1e-15")
 PE_VALUES = Tolerance(
@@ -66,7 +71,10 @@ POSITIONS = Tolerance(
     "the same sums, equal to ~1e-16; sinusoids added at the bottom of the stack move them apart by >= 1e-3",
     at_least=True,
 )
-PARAMS = Tolerance(0.05, "a 5% band around the paper's printed parameter count (table 3), wide enough for a vocabulary the paper does not state")
+PARAMS = Tolerance(
+    0.05,
+    "a 5% band around the paper's printed parameter count (table 3), wide enough for a vocabulary the paper does not state",
+)
 DROPOUT = Tolerance(
     1e-9,
     "float64: without dropout, train and eval passes repeat bit for bit (eval_determinism), so a difference above "

@@ -1,4 +1,5 @@
 """The reference Transformer of "Attention Is All You Need" and the protocol any model under test implements."""
+
 from model.attention import AttentionRecord, KVCache
 from model.config import TransformerConfig
 from model.table3 import PRESETS, preset
@@ -8,6 +9,17 @@ from model.registry import ModelSpec, SpecError, load_model, parse_spec
 from model.transformer import Parts, Transformer
 
 __all__ = [
-    "AttentionRecord", "KVCache", "ModelSpec", "PRESETS", "Parts", "Seq2SeqModel", "SpecError", "Transformer",
-    "TransformerConfig", "count_parameters", "load_model", "parse_spec", "preset",
+    "AttentionRecord",
+    "KVCache",
+    "ModelSpec",
+    "PRESETS",
+    "Parts",
+    "Seq2SeqModel",
+    "SpecError",
+    "Transformer",
+    "TransformerConfig",
+    "count_parameters",
+    "load_model",
+    "parse_spec",
+    "preset",
 ]

@@ -1,4 +1,5 @@
 """`python -m model info SPEC [--json]` | `python -m model list`: the resolved config and the parameter count of any model spec."""
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="print the resolved config and parameter count of a model spec")
-    p_info.add_argument("spec", nargs="?", default=None, help="model spec (default: $AIAYN_MODEL or reference); see `python -m model list`")
+    p_info.add_argument(
+        "spec",
+        nargs="?",
+        default=None,
+        help="model spec (default: $AIAYN_MODEL or reference); see `python -m model list`",
+    )
     p_info.add_argument("--json", action="store_true", help="print one JSON object")
     sub.add_parser("list", help="print the registered model names, one per line with what each is")
     args = parser.parse_args(argv)

@@ -4,6 +4,7 @@ Masks are boolean and say which keys a query may attend to (True = allowed), sha
 against the scores (B, h, T_q, T_k). A query that may attend to nothing (a fully padded source, say)
 gets an all-zero probability row and a zero output, on both paths, and stays finite forward and backward.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,7 +28,9 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> tupl
         # Masked keys get the dtype's lowest value added, not -inf: their probability is exactly 0, and a row
         # with no visible key becomes uniform (not NaN) and is zeroed below. The mask is small (it broadcasts),
         # so the bias costs one add on the scores, which is faster than a masked fill of them.
-        bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, torch.finfo(q.dtype).min)
+        bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(
+            ~allowed, torch.finfo(q.dtype).min
+        )
         scores.add_(bias)
     probs = torch.softmax(scores, dim=-1)
     seen = allowed.any(-1, keepdim=True)
@@ -51,8 +54,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, need_weights: bool)
     return attend_with_torch_ops(q, k, v, allowed, need_weights)
 
 
-def attend_with_torch_ops(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor,
-                          need_weights: bool) -> tuple[Tensor, Tensor | None]:
+def attend_with_torch_ops(
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, need_weights: bool
+) -> tuple[Tensor, Tensor | None]:
     """The explicit path when probabilities are wanted or where it is faster, else torch's fused kernel (which also
     returns zeros for a query with no visible key)."""
     if need_weights or explicit_is_faster(q, k):

@@ -1,4 +1,5 @@
 """A batch as a seq2seq model reads it: padded source and target ids with their pad masks."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

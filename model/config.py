@@ -1,4 +1,5 @@
 """The model's configuration: one frozen dataclass whose fields are the knobs of the paper's Table 3."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,7 +27,9 @@ class TransformerConfig:
     share_embeddings: bool = True  # one matrix for source, target and pre-softmax (section 3.4)
     pad_id: int = 0
     init: str = "xavier"  # 'xavier': Xavier-uniform matrices, N(0, d_model^-0.5) embeddings | 'normal': N(0, 0.02) (model/init.py)
-    init_width: int = 0  # 'xavier' with the stds it has at this d_model (a scaled row started as its full-size one); 0 = own
+    init_width: int = (
+        0  # 'xavier' with the stds it has at this d_model (a scaled row started as its full-size one); 0 = own
+    )
 
     def __post_init__(self) -> None:
         for name in ("N", "d_model", "d_ff", "h", "d_k", "d_v", "vocab_size", "max_len"):
@@ -44,9 +47,13 @@ class TransformerConfig:
         if self.init not in INITS:
             raise ValueError(f"config field init={self.init!r} must be one of {', '.join(INITS)}")
         if not isinstance(self.init_width, int) or isinstance(self.init_width, bool) or self.init_width < 0:
-            raise ValueError(f"config field init_width={self.init_width!r} must be 0 (the model's own width) or a d_model")
+            raise ValueError(
+                f"config field init_width={self.init_width!r} must be 0 (the model's own width) or a d_model"
+            )
         if self.init_width and self.init != "xavier":
-            raise ValueError(f"config field init_width={self.init_width} applies to init='xavier' only (init={self.init!r})")
+            raise ValueError(
+                f"config field init_width={self.init_width} applies to init='xavier' only (init={self.init!r})"
+            )
         if not 0 <= self.pad_id < self.vocab_size:
             raise ValueError(f"config field pad_id={self.pad_id} must lie in [0, vocab_size={self.vocab_size})")
 

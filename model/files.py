@@ -5,6 +5,7 @@ reader, or a process killed mid-write, sees the old file or the new one, never h
 (a full disk, a read-only folder) is a StorageError naming the file, and leaves nothing half-written behind.
 It lives in model/, the lowest layer, so that invariants/, ablations/ and reports/ can all write through it.
 """
+
 from __future__ import annotations
 
 import errno

@@ -1,6 +1,7 @@
 """How the weights start. The paper states no initialisation, so `TransformerConfig.init` names the rule and
 `init_width` carries it across widths: a model scaled down from d_model 512 to 64 can start with the stds its
 full-size counterpart has (Xavier's stds and d_model^-0.5 both shrink as 1/sqrt(width))."""
+
 from __future__ import annotations
 
 import math

@@ -6,6 +6,7 @@ path computes (sums in another order). Without a build, or with AIAYN_ATTENTION_
 the same results, slower. Inside `without_building()` (the invariants hold it) a build on disk is used and none is
 started. How they work and what they save: docs/benchmark.md, "The CPU kernels".
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,8 +41,11 @@ def build_tag() -> str:
     torch installation and version (it links against that torch: nox's sessions each have their own, and would rebuild
     in turn). The CPU is named by /proc/cpuinfo's model and feature lines (x86: "flags", ARM: "Features")."""
     try:
-        cpu = [line for line in Path("/proc/cpuinfo").read_text().splitlines()
-               if line.split(":")[0].strip() in ("model name", "flags", "Features", "CPU part")][:4]
+        cpu = [
+            line
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.split(":")[0].strip() in ("model name", "flags", "Features", "CPU part")
+        ][:4]
     except OSError:
         cpu = []
     described = f"{platform.machine()} {platform.processor()} {cpu} {Path(torch.__file__).parent} {torch.__version__}"
@@ -61,8 +65,11 @@ def wait_for_other_build(lock: Path) -> None:
             lock.unlink(missing_ok=True)
             return
         if not said:
-            print(f"waiting for another process's build of the attention kernels ({lock}, {age:.0f} s old; cleared at "
-                  f"{STALE_LOCK_S} s) ...", file=sys.stderr)
+            print(
+                f"waiting for another process's build of the attention kernels ({lock}, {age:.0f} s old; cleared at "
+                f"{STALE_LOCK_S} s) ...",
+                file=sys.stderr,
+            )
             said = True
         time.sleep(1)
 
@@ -70,7 +77,9 @@ def wait_for_other_build(lock: Path) -> None:
 def failure_line(error: Exception) -> str:
     """The line of a failed build that says why: the compiler's first error, else the first line of the message."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
-    return next((line for line in lines if "error:" in line), lines[0])[:200]  # "file:line:col: error: ..." (gcc, clang)
+    return next((line for line in lines if "error:" in line), lines[0])[
+        :200
+    ]  # "file:line:col: error: ..." (gcc, clang)
 
 
 _state: dict[str, object] = {}  # "module": the extension (None: it cannot be built); "on_disk": a build was found
@@ -131,15 +140,22 @@ def build_or_load() -> ModuleType | None:
     try:
         build.mkdir(parents=True, exist_ok=True)
         wait_for_other_build(build / "lock")
-        if shutil.which("ninja") is None:  # the pinned ninja sits beside this Python, not on PATH unless its venv is active
+        if (
+            shutil.which("ninja") is None
+        ):  # the pinned ninja sits beside this Python, not on PATH unless its venv is active
             os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         if not built_on_disk(build):
             print("building the attention kernels (once per CPU and torch installation, 30-110 s) ...", file=sys.stderr)
         flags = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
-        return load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=flags, build_directory=str(build), verbose=False)
+        return load(
+            name=name, sources=[str(f) for f in SOURCES], extra_cflags=flags, build_directory=str(build), verbose=False
+        )
     except Exception as error:  # no compiler, no ninja, a read-only cache: decoding still works through torch ops
-        print(f"the attention kernels could not be built ({failure_line(error)}); attention runs through torch ops (same "
-              f"results, slower). Install a C++ compiler and ninja, or set {SWITCH}=0 to skip it.", file=sys.stderr)
+        print(
+            f"the attention kernels could not be built ({failure_line(error)}); attention runs through torch ops (same "
+            f"results, slower). Install a C++ compiler and ninja, or set {SWITCH}=0 to skip it.",
+            file=sys.stderr,
+        )
         return None
 
 
@@ -153,10 +169,18 @@ def applies(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> bool:
     unit stride along the head's width (the layouts the model produces); and either a few queries with no gradient
     wanted (a decoding step) or narrow heads (d_k, d_v <= NARROW)."""
     return (
-        q.device.type == "cpu" and q.dim() == k.dim() == v.dim() == 4 and allowed.dim() <= 4
-        and k.shape[:2] == q.shape[:2] and k.size(-1) == q.size(-1) and v.shape[:3] == k.shape[:3]  # no broadcast k, v
-        and q.dtype in (torch.float32, torch.float64) and k.dtype == v.dtype == q.dtype and allowed.dtype == torch.bool
-        and q.size(-1) <= MAX_WIDTH and v.size(-1) <= MAX_WIDTH and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+        q.device.type == "cpu"
+        and q.dim() == k.dim() == v.dim() == 4
+        and allowed.dim() <= 4
+        and k.shape[:2] == q.shape[:2]
+        and k.size(-1) == q.size(-1)
+        and v.shape[:3] == k.shape[:3]  # no broadcast k, v
+        and q.dtype in (torch.float32, torch.float64)
+        and k.dtype == v.dtype == q.dtype
+        and allowed.dtype == torch.bool
+        and q.size(-1) <= MAX_WIDTH
+        and v.size(-1) <= MAX_WIDTH
+        and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
         and ((q.size(-2) <= MAX_QUERIES and not wants_gradient(q, k, v)) or max(q.size(-1), v.size(-1)) <= NARROW)
         and compiled() is not None
     )
@@ -197,8 +221,11 @@ class _NarrowHeadAttention(torch.autograd.Function):
 def reorder_rows(buffers: list[Tensor], index: Tensor, filled: int) -> bool:
     """Row r of every buffer (rows, h, capacity, d) takes the first `filled` positions of row index[r], in place, each
     moved row copied once; False (nothing done) where the kernel cannot take them, and the caller uses torch ops."""
-    if not (index.device.type == "cpu" and all(b.device.type == "cpu" and b.is_contiguous() for b in buffers)
-            and compiled() is not None):
+    if not (
+        index.device.type == "cpu"
+        and all(b.device.type == "cpu" and b.is_contiguous() for b in buffers)
+        and compiled() is not None
+    ):
         return False
     with torch.profiler.record_function(REORDER_PROFILER_NAME):
         compiled().reorder_rows(buffers, index.long().contiguous(), filled)
@@ -217,9 +244,11 @@ def smoothed_nll(logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Te
         return tuple(compiled().smoothed_nll(logits.contiguous(), target.contiguous(), eps))
 
 
-def smoothed_nll_backward(logits: Tensor, target: Tensor, top: Tensor, log_sum: Tensor, scale: Tensor,
-                          eps: float) -> Tensor:
+def smoothed_nll_backward(
+    logits: Tensor, target: Tensor, top: Tensor, log_sum: Tensor, scale: Tensor, eps: float
+) -> Tensor:
     """The gradient of sum_n scale[n] * smoothed_nll(logits)[n] with respect to the logits."""
     with torch.profiler.record_function(LOSS_PROFILER_NAME):
-        return compiled().smoothed_nll_backward(logits.contiguous(), target.contiguous(), top, log_sum,
-                                                scale.contiguous(), eps)
+        return compiled().smoothed_nll_backward(
+            logits.contiguous(), target.contiguous(), top, log_sum, scale.contiguous(), eps
+        )

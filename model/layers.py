@@ -1,4 +1,5 @@
 """The building blocks of section 3: positional encoding, feed-forward network, post-LN encoder and decoder layers."""
+
 from __future__ import annotations
 
 import math
@@ -95,7 +96,9 @@ class Residual(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg: TransformerConfig, layer: int, attend: Attend, norm: NormFactory, dropout: DropoutFactory) -> None:
+    def __init__(
+        self, cfg: TransformerConfig, layer: int, attend: Attend, norm: NormFactory, dropout: DropoutFactory
+    ) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg, "encoder_self", layer, attend)
         self.ffn = FeedForward(cfg)
@@ -107,7 +110,9 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: TransformerConfig, layer: int, attend: Attend, norm: NormFactory, dropout: DropoutFactory) -> None:
+    def __init__(
+        self, cfg: TransformerConfig, layer: int, attend: Attend, norm: NormFactory, dropout: DropoutFactory
+    ) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg, "decoder_self", layer, attend)
         self.cross_attn = MultiHeadAttention(cfg, "cross", layer, attend)

@@ -1,4 +1,5 @@
 """The training objective and schedule of section 5: label-smoothed cross-entropy and the warm-up learning rate."""
+
 from __future__ import annotations
 
 import torch

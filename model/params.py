@@ -1,4 +1,5 @@
 """Parameter counting that counts a shared tensor once, in total and by part."""
+
 from __future__ import annotations
 
 from typing import Mapping

@@ -6,6 +6,7 @@ True at padding. A capability the model lacks is named in `unsupported` with the
 method for it raises NotImplementedError; checks that need it then report "not applicable" (as they do when
 the invariants find, by trying it, that a capability is missing although `unsupported` does not say so).
 """
+
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
@@ -89,8 +90,10 @@ class Seq2SeqModel(Protocol):
 
 
 # The protocol's members in the order written above: its annotated attributes, then its methods.
-MEMBERS = (*Seq2SeqModel.__annotations__,
-           *(name for name, value in vars(Seq2SeqModel).items() if callable(value) and not name.startswith("_")))
+MEMBERS = (
+    *Seq2SeqModel.__annotations__,
+    *(name for name, value in vars(Seq2SeqModel).items() if callable(value) and not name.startswith("_")),
+)
 
 
 def missing_members(obj: object) -> list[str]:

@@ -1,4 +1,5 @@
 """Where a result came from: the commit of the code that produced it, recorded in every report and run."""
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,11 @@ def git_commit() -> str:
 def cpu_name() -> str:
     """The CPU's model name (from /proc/cpuinfo where there is one)."""
     info = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
-             if line.startswith("model name")] if info.exists() else []
+    names = (
+        [line.split(":", 1)[1].strip() for line in info.read_text().splitlines() if line.startswith("model name")]
+        if info.exists()
+        else []
+    )
     return names[0] if names else platform.processor()
 
 

@@ -16,6 +16,7 @@ does), so a higher layer's models exist exactly where that layer is in use: the 
 runner, which imports it for `--model mutant:NAME`. This is simpler than an entry-point plugin scheme and works
 from a plain checkout, with no install metadata to refresh.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -87,7 +88,9 @@ def _load_adapters(until: str | None = None) -> None:
         except ImportError as exc:
             if exc.name not in OPTIONAL:
                 raise
-            _UNAVAILABLE[module] = f"{module} needs {exc.name}, which is not installed: pip install .[{OPTIONAL[exc.name]}]"
+            _UNAVAILABLE[module] = (
+                f"{module} needs {exc.name}, which is not installed: pip install .[{OPTIONAL[exc.name]}]"
+            )
 
 
 def registered() -> dict[str, Entry]:
@@ -208,9 +211,13 @@ def _import(target: str, attr: str, spec: ModelSpec) -> Callable:
             module = importlib.import_module(target)
         except ImportError as exc:
             if exc.name in OPTIONAL:
-                raise SpecError(f"model spec {str(spec)!r} needs {exc.name}, which is not installed: "
-                                f"pip install .[{OPTIONAL[exc.name]}]") from None
-            raise SpecError(f"model spec {str(spec)!r}: {target!r} is neither a registered model ({_unknown()}) nor an importable module ({exc})") from exc
+                raise SpecError(
+                    f"model spec {str(spec)!r} needs {exc.name}, which is not installed: "
+                    f"pip install .[{OPTIONAL[exc.name]}]"
+                ) from None
+            raise SpecError(
+                f"model spec {str(spec)!r}: {target!r} is neither a registered model ({_unknown()}) nor an importable module ({exc})"
+            ) from exc
     if not hasattr(module, attr):
         raise SpecError(f"model spec {str(spec)!r}: {target} has no factory {attr!r}")
     return getattr(module, attr)
@@ -219,13 +226,17 @@ def _import(target: str, attr: str, spec: ModelSpec) -> Callable:
 def _check_factory(factory: object, spec: ModelSpec, cfg: TransformerConfig) -> None:
     """A SpecError saying what a factory must be when it is not callable, or cannot be called with the config alone."""
     if not callable(factory):
-        raise SpecError(f"model spec {str(spec)!r}: {spec.variant} is a {type(factory).__name__}, not a factory; "
-                        f"give a function or class: def {spec.variant}(cfg: TransformerConfig) -> model")
+        raise SpecError(
+            f"model spec {str(spec)!r}: {spec.variant} is a {type(factory).__name__}, not a factory; "
+            f"give a function or class: def {spec.variant}(cfg: TransformerConfig) -> model"
+        )
     try:
         inspect.signature(factory, follow_wrapped=False).bind(cfg)
     except TypeError:
-        raise SpecError(f"model spec {str(spec)!r}: factory {spec.variant} must take one argument, the config: "
-                        f"def {spec.variant}(cfg: TransformerConfig) -> model (see docs/plugging-in.md)") from None
+        raise SpecError(
+            f"model spec {str(spec)!r}: factory {spec.variant} must take one argument, the config: "
+            f"def {spec.variant}(cfg: TransformerConfig) -> model (see docs/plugging-in.md)"
+        ) from None
     except ValueError:  # a builtin without a signature: the call itself says what is wrong
         pass
 
@@ -249,7 +260,9 @@ def load_model(spec: ModelSpec | str | None = None) -> Seq2SeqModel:
             raise SpecError(f"model spec {str(spec)!r}: {exc}") from None
     else:
         if spec.variant is None:
-            raise SpecError(f"unknown model {spec.target!r}; {_unknown()}; or give path/to/file.py:factory or package.module:factory")
+            raise SpecError(
+                f"unknown model {spec.target!r}; {_unknown()}; or give path/to/file.py:factory or package.module:factory"
+            )
         factory = _import(spec.target, spec.variant, spec)
         try:
             cfg = TransformerConfig().replace(**changes)
@@ -259,8 +272,12 @@ def load_model(spec: ModelSpec | str | None = None) -> Seq2SeqModel:
         try:
             model = factory(cfg)
         except Exception as exc:
-            raise SpecError(f"model spec {str(spec)!r}: factory {spec.variant} raised {type(exc).__name__}: {exc}") from exc
+            raise SpecError(
+                f"model spec {str(spec)!r}: factory {spec.variant} raised {type(exc).__name__}: {exc}"
+            ) from exc
     missing = missing_members(model)
     if missing:
-        raise SpecError(f"model spec {str(spec)!r}: the object built lacks protocol members {', '.join(missing)} (see model/protocol.py)")
+        raise SpecError(
+            f"model spec {str(spec)!r}: the object built lacks protocol members {', '.join(missing)} (see model/protocol.py)"
+        )
     return model

@@ -3,6 +3,7 @@
 table3.csv beside this file holds the facts of the paper's table (a blank cell means "same as base").
 Rows are named by group and position: base, A1..A4, B1..B2, C1..C7, D1..D4, E1, big.
 """
+
 from __future__ import annotations
 
 import csv
@@ -42,10 +43,17 @@ def table3_rows() -> list[Table3Row]:
         changes = parse_overrides({c: rec[c] for c in CONFIG_COLUMNS if rec[c].strip()})
         changes = {c: v for c, v in changes.items() if getattr(base, c) != v}
         params = rec["params_millions"].strip()
-        rows.append(Table3Row(
-            name, group, changes, int(rec["train_steps"] or records[0]["train_steps"]),
-            float(rec["ppl_dev"]), float(rec["bleu_dev"]), float(params) if params else None,
-        ))
+        rows.append(
+            Table3Row(
+                name,
+                group,
+                changes,
+                int(rec["train_steps"] or records[0]["train_steps"]),
+                float(rec["ppl_dev"]),
+                float(rec["bleu_dev"]),
+                float(params) if params else None,
+            )
+        )
     return rows
 
 

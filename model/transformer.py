@@ -3,6 +3,7 @@
 `Parts` holds the seams where a check's mutant swaps one piece (the attention function, the causal
 mask, the positional table, the norm, ...). The reference model uses the defaults, which follow the paper.
 """
+
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, contextmanager
@@ -69,8 +70,12 @@ class Transformer(nn.Module):
         self.generator = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.pe = PositionalEncoding(cfg, parts.position_table)
         self.dropout = parts.dropout(cfg.P_drop)
-        self.encoder = nn.ModuleList(EncoderLayer(cfg, i, parts.attend, parts.norm, parts.dropout) for i in range(cfg.N))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg, i, parts.attend, parts.norm, parts.dropout) for i in range(cfg.N))
+        self.encoder = nn.ModuleList(
+            EncoderLayer(cfg, i, parts.attend, parts.norm, parts.dropout) for i in range(cfg.N)
+        )
+        self.decoder = nn.ModuleList(
+            DecoderLayer(cfg, i, parts.attend, parts.norm, parts.dropout) for i in range(cfg.N)
+        )
         self._init_weights()
         if tie:
             self.generator.weight = self.src_embed.weight
@@ -79,7 +84,9 @@ class Transformer(nn.Module):
         """Matrices and token embeddings by config.init (model/init.py), zero biases; a learned PE keeps N(0, 1)."""
         tokens = [self.src_embed.weight, self.tgt_embed.weight]
         linears = [m for m in self.modules() if isinstance(m, nn.Linear)]
-        weights = [m.weight for m in self.modules() if isinstance(m, nn.Linear) or m in (self.src_embed, self.tgt_embed)]
+        weights = [
+            m.weight for m in self.modules() if isinstance(m, nn.Linear) or m in (self.src_embed, self.tgt_embed)
+        ]
         initialise(list({id(w): w for w in weights}.values()), tokens, self.config)
         for m in linears:
             if m.bias is not None:

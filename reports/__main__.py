@@ -6,6 +6,7 @@ when its weights were published; then the invariants heatmaps, and the index (wh
 Inputs that are missing are skipped with one line naming the command that produces them; when nothing at all can
 be built the exit status is 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,18 @@ from model.files import shown_path
 from model.table3 import table3_rows
 from reports import attention, figures, glance, index, progress, table3, table3_formats
 from reports.index import Artifact
-from reports.inputs import (ABLATIONS_COMMAND, BENCH_COMMAND, BENCH_REPORTS, INVARIANTS_DIR, KILL_MATRIX,
-                            RESULTS_DIR, MissingInput, budget_folders, load_budget, load_invariants)
+from reports.inputs import (
+    ABLATIONS_COMMAND,
+    BENCH_COMMAND,
+    BENCH_REPORTS,
+    INVARIANTS_DIR,
+    KILL_MATRIX,
+    RESULTS_DIR,
+    MissingInput,
+    budget_folders,
+    load_budget,
+    load_invariants,
+)
 
 REBUILD = "nox -s report"
 OUT_DIR = Path("reports")  # relative to the working directory, like the inputs' defaults
@@ -44,57 +55,103 @@ def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]
     by_step = progress.by_step(results.curves)
     if len(by_step):
         title = f"When do the paper's conclusions appear? Budget {label}"
-        by_step_md, by_step_csv = progress.write(by_step, out_dir / "table3", results.budget, title, table3.SIGNIFICANCE)
+        by_step_md, by_step_csv = progress.write(
+            by_step, out_dir / "table3", results.budget, title, table3.SIGNIFICANCE
+        )
         figures.agreement_by_step(by_step, fig_dir / "agreement_by_step.png", title)
         artifacts += [
-            Artifact(section, "When do the paper's conclusions appear? Agreement share and Spearman ρ against steps",
-                     fig_dir / "agreement_by_step.png", REBUILD, headline),
+            Artifact(
+                section,
+                "When do the paper's conclusions appear? Agreement share and Spearman ρ against steps",
+                fig_dir / "agreement_by_step.png",
+                REBUILD,
+                headline,
+            ),
             Artifact(section, "the same per evaluation step and group (Markdown)", by_step_md, REBUILD),
             Artifact(section, "the same (CSV)", by_step_csv, REBUILD),
         ]
     else:
-        skipped.append(f"agreement against steps for {results.budget}: no dev_ppl of base in any {R.METRICS} under {shown_path(folder)}")
+        skipped.append(
+            f"agreement against steps for {results.budget}: no dev_ppl of base in any {R.METRICS} under {shown_path(folder)}"
+        )
     artifacts += [
         Artifact(section, "Table 3 (Markdown, narrow)", md, REBUILD, "" if len(by_step) else headline),
         Artifact(section, "Table 3 (HTML page, wide)", page, REBUILD, f"{summary.line()} {source}"),
         Artifact(section, "Table 3 (LaTeX, booktabs)", tex, REBUILD),
-        Artifact(section, "Table 3 numbers (CSV: means, spreads, changes, standard errors, verdicts)", numbers, REBUILD),
+        Artifact(
+            section, "Table 3 numbers (CSV: means, spreads, changes, standard errors, verdicts)", numbers, REBUILD
+        ),
     ]
     if (folder / "results.csv").is_file():
-        artifacts.append(Artifact(section, "all runs (results.csv)", folder / "results.csv",
-                                  ABLATIONS_COMMAND.format(budget=results.budget)))
+        artifacts.append(
+            Artifact(
+                section,
+                "all runs (results.csv)",
+                folder / "results.csv",
+                ABLATIONS_COMMAND.format(budget=results.budget),
+            )
+        )
 
     section = f"Figures, budget {label}"
     order = [r.name for r in table3_rows()]
-    figures.change_against_change(table, fig_dir / "change_vs_paper.png",
-                                  f"Our change against base vs the paper's, per row, budget {label}")
-    figures.group_changes(table, results.runs, fig_dir / "group_changes.png",
-                          f"Changes against base per group: ours, budget {label}, beside the paper's")
-    figures.params_against_ppl(table, fig_dir / "params_vs_ppl.png", f"Params against dev PPL: ours, budget {label}, and the paper's")
-    artifacts += [Artifact(section, "Our change against the paper's per row, coloured by verdict",
-                           fig_dir / "change_vs_paper.png", REBUILD),
-                  Artifact(section, "Changes in PPL and BLEU per group (A-E), ours beside the paper's",
-                           fig_dir / "group_changes.png", REBUILD),
-                  Artifact(section, "Params against dev PPL, ours and the paper's", fig_dir / "params_vs_ppl.png", REBUILD)]
+    figures.change_against_change(
+        table, fig_dir / "change_vs_paper.png", f"Our change against base vs the paper's, per row, budget {label}"
+    )
+    figures.group_changes(
+        table,
+        results.runs,
+        fig_dir / "group_changes.png",
+        f"Changes against base per group: ours, budget {label}, beside the paper's",
+    )
+    figures.params_against_ppl(
+        table, fig_dir / "params_vs_ppl.png", f"Params against dev PPL: ours, budget {label}, and the paper's"
+    )
+    artifacts += [
+        Artifact(
+            section,
+            "Our change against the paper's per row, coloured by verdict",
+            fig_dir / "change_vs_paper.png",
+            REBUILD,
+        ),
+        Artifact(
+            section,
+            "Changes in PPL and BLEU per group (A-E), ours beside the paper's",
+            fig_dir / "group_changes.png",
+            REBUILD,
+        ),
+        Artifact(section, "Params against dev PPL, ours and the paper's", fig_dir / "params_vs_ppl.png", REBUILD),
+    ]
     for metric, what in (("loss", "training loss"), ("dev_ppl", "dev perplexity")):
         if results.curves[metric].notna().any():
             path = fig_dir / f"curves_{metric}.png"
             figures.training_curves(results.curves, metric, path, f"{what} per row, budget {label}", order)
             artifacts.append(Artifact(section, f"Training curves: {what} of every row", path, REBUILD))
         else:
-            skipped.append(f"{what} curves for {results.budget}: no {metric} in any {R.METRICS} under {shown_path(folder)}")
+            skipped.append(
+                f"{what} curves for {results.budget}: no {metric} in any {R.METRICS} under {shown_path(folder)}"
+            )
     if results.runs["tokens_per_s"].notna().any():
-        figures.tokens_per_second(results.runs, fig_dir / "tokens_per_s.png", f"training tokens/s per row, budget {label}", order)
+        figures.tokens_per_second(
+            results.runs, fig_dir / "tokens_per_s.png", f"training tokens/s per row, budget {label}", order
+        )
         artifacts.append(Artifact(section, "Training tokens/s per row", fig_dir / "tokens_per_s.png", REBUILD))
     else:
         skipped.append(f"tokens/s for {results.budget}: no tokens_per_s in the runs' {R.FINAL}")
     try:
         attention.draw(folder, fig_dir / "attention.png")
-        artifacts.append(Artifact(section, "Encoder self-attention of the trained base model (cf. the paper's Figures 3-5)",
-                                  fig_dir / "attention.png", REBUILD))
+        artifacts.append(
+            Artifact(
+                section,
+                "Encoder self-attention of the trained base model (cf. the paper's Figures 3-5)",
+                fig_dir / "attention.png",
+                REBUILD,
+            )
+        )
     except MissingInput as missing:
-        skipped.append(f"attention figure for {results.budget}: {missing}; publishing a budget whose runs folder holds "
-                       f"base's checkpoint saves {attention.PUBLISHED}")
+        skipped.append(
+            f"attention figure for {results.budget}: {missing}; publishing a budget whose runs folder holds "
+            f"base's checkpoint saves {attention.PUBLISHED}"
+        )
     return artifacts, skipped, table if figures.has_bleu(table) else None
 
 
@@ -104,8 +161,14 @@ def build_side_by_side(tables: dict[str, pd.DataFrame], out_dir: Path) -> list[A
         return []
     path = out_dir / "figures" / "budgets_side_by_side.png"
     figures.budgets_side_by_side(tables, path, f"Table 3's verdicts under each budget: {', '.join(tables)}")
-    return [Artifact("Budgets side by side", "Each row's verdict against the paper under every budget, with our change",
-                     path, REBUILD)]
+    return [
+        Artifact(
+            "Budgets side by side",
+            "Each row's verdict against the paper under every budget, with our change",
+            path,
+            REBUILD,
+        )
+    ]
 
 
 def build_invariants(folder: Path, out_dir: Path) -> list[Artifact]:
@@ -114,14 +177,19 @@ def build_invariants(folder: Path, out_dir: Path) -> list[Artifact]:
     section, artifacts = "Invariants", []
     if len(inv.verdicts):
         path = out_dir / "figures" / "invariants_verdicts.png"
-        figures.verdict_heatmap(inv.verdicts, "model", path, "Invariants: verdict per model and property", figures.VERDICTS)
+        figures.verdict_heatmap(
+            inv.verdicts, "model", path, "Invariants: verdict per model and property", figures.VERDICTS
+        )
         tally = inv.verdicts.groupby("model")["verdict"].value_counts().unstack(fill_value=0)
-        note = "; ".join(f"{m}: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) for m, counts in tally.iterrows())
+        note = "; ".join(
+            f"{m}: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) for m, counts in tally.iterrows()
+        )
         artifacts.append(Artifact(section, "Verdict matrix (models x properties)", path, REBUILD, note))
     if len(inv.kills):
         path = out_dir / "figures" / "kill_matrix.png"
-        figures.verdict_heatmap(inv.kills, "mutant", path, "Mutant kill matrix: a failing property kills the mutant",
-                                figures.KILLS)
+        figures.verdict_heatmap(
+            inv.kills, "mutant", path, "Mutant kill matrix: a failing property kills the mutant", figures.KILLS
+        )
         killed = inv.kills[inv.kills["verdict"] == "fail"]["mutant"].nunique()
         note = f"{killed} of {inv.kills['mutant'].nunique()} mutants killed by at least one property"
         artifacts.append(Artifact(section, "Mutant kill matrix (mutants x properties)", path, REBUILD, note))
@@ -156,16 +224,26 @@ def build(results_dir: Path, invariants_dir: Path, out_dir: Path) -> tuple[list[
         artifacts += build_invariants(invariants_dir, out_dir)
     except MissingInput as missing:
         skipped.append(f"invariants heatmaps: {missing}")
-    artifacts += [Artifact("Benchmark", f"Training tokens/s, MFU and beam-search speed ({name})", out_dir / name,
-                           BENCH_COMMAND) for name in BENCH_REPORTS if (out_dir / name).is_file()]
+    artifacts += [
+        Artifact("Benchmark", f"Training tokens/s, MFU and beam-search speed ({name})", out_dir / name, BENCH_COMMAND)
+        for name in BENCH_REPORTS
+        if (out_dir / name).is_file()
+    ]
     return artifacts, skipped
 
 
 @stops_cleanly("some reports may be rebuilt and others not; run the same command again (it rebuilds them all)")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="ablation results, one folder per budget (default: reports/results)")
-    parser.add_argument("--invariants", type=Path, default=INVARIANTS_DIR, help="invariants reports (default: reports/invariants)")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS_DIR,
+        help="ablation results, one folder per budget (default: reports/results)",
+    )
+    parser.add_argument(
+        "--invariants", type=Path, default=INVARIANTS_DIR, help="invariants reports (default: reports/invariants)"
+    )
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="where the reports go (default: reports/)")
     args = parser.parse_args(argv)
     try:
@@ -184,8 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     built = [a.path for a in artifacts if a.command == REBUILD] + written
     for path in built:
         print(f"wrote {shown_path(path)}")
-    print(f"{len(built)} files written, {len(artifacts) + len(written) - len(built)} inputs linked, in "
-          f"{time.perf_counter() - start:.1f} s; open {shown_path(written[0])}")
+    print(
+        f"{len(built)} files written, {len(artifacts) + len(written) - len(built)} inputs linked, in "
+        f"{time.perf_counter() - start:.1f} s; open {shown_path(written[0])}"
+    )
     return 0
 
 

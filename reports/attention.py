@@ -2,6 +2,7 @@
 one panel per head, drawn from a budget's published attention.json or, in a runner's folder, from the trained base
 model itself (ablations/attention_data.py reads both).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,15 @@ def attention_figure(tokens: list[str], probs: torch.Tensor, path: Path, title: 
     cols = min(heads, 4)
     rows = (heads + cols - 1) // cols
     size = 0.16 * len(tokens) + 1.0
-    fig, axes = plt.subplots(rows, cols, figsize=(size * cols + 1.0, size * rows + 0.8), sharex=True, sharey=True,
-                             squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        rows,
+        cols,
+        figsize=(size * cols + 1.0, size * rows + 0.8),
+        sharex=True,
+        sharey=True,
+        squeeze=False,
+        layout="constrained",
+    )
     for head, ax in enumerate(axes.flat):
         if head >= heads:
             ax.set_visible(False)
@@ -51,6 +59,8 @@ def draw(folder: Path, path: Path, sentence: str = SENTENCE) -> plt.Figure:
         doc = json.loads(saved.read_text()) if saved.is_file() else extract(folder, sentence)
     except NoAttentionData as exc:
         raise MissingInput(str(exc)) from None
-    title = (f"Encoder self-attention, layer {doc['layer'] + 1} of {doc['layers']}, {doc['label']} "
-             f"(budget {folder.name}); rows: query token, columns: attended token")
+    title = (
+        f"Encoder self-attention, layer {doc['layer'] + 1} of {doc['layers']}, {doc['label']} "
+        f"(budget {folder.name}); rows: query token, columns: attended token"
+    )
     return attention_figure(doc["tokens"], torch.tensor(doc["probs"]), path, title)

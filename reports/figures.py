@@ -5,6 +5,7 @@ the invariants verdict and mutant kill matrices as heatmaps. Panels with nothing
 Each function draws one figure from data already read (reports.inputs, reports.table3), saves it as PNG and
 returns the matplotlib Figure so that tests can read its panels.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,10 +29,18 @@ GROUPS = ("A", "B", "C", "D", "E")
 GROUP_COLOR = dict(zip(("base", *GROUPS, "big"), sns.color_palette("deep", 7)))  # one color per group in every panel
 SOURCE_COLOR = {"ours": "#4c72b0", "paper": "#c44e52"}
 # verdict -> (color, cell label, legend entry); "missing" is a property a report does not cover
-VERDICTS = {"pass": ("#55a868", "pass", "pass"), "fail": ("#c44e52", "FAIL", "fail"),
-            "not_applicable": ("#bbbbbb", "n/a", "not applicable"), "missing": ("#ffffff", "", "not in the report")}
-KILLS = {"fail": ("#c44e52", "x", "x: the property fails, killing the mutant"), "pass": ("#eeeeee", "", "passes"),
-         "not_applicable": ("#bbbbbb", "n/a", "not applicable"), "missing": ("#ffffff", "", "not in the matrix")}
+VERDICTS = {
+    "pass": ("#55a868", "pass", "pass"),
+    "fail": ("#c44e52", "FAIL", "fail"),
+    "not_applicable": ("#bbbbbb", "n/a", "not applicable"),
+    "missing": ("#ffffff", "", "not in the report"),
+}
+KILLS = {
+    "fail": ("#c44e52", "x", "x: the property fails, killing the mutant"),
+    "pass": ("#eeeeee", "", "passes"),
+    "not_applicable": ("#bbbbbb", "n/a", "not applicable"),
+    "missing": ("#ffffff", "", "not in the matrix"),
+}
 
 VERDICT_COLOR = {AGREE: "#55a868", DISAGREE: "#c44e52", NOT_SIGNIFICANT: "#999999"}
 FEW_SEEDS_COLOR = "#4c72b0"
@@ -60,10 +69,14 @@ def group_changes(table: pd.DataFrame, runs: pd.DataFrame, path: Path, title: st
     mine = per_run(runs).assign(group=lambda d: d["row"].map(table["group"]))
     long = []
     for metric, label in (("ppl", "Δ PPL (dev)"), ("bleu", "Δ BLEU (dev)")):
-        long += [{"group": g, "row": r, "panel": f"{label}, ours", "change": v - base[metric]}
-                 for g, r, v in zip(mine["group"], mine["row"], mine[metric])]
-        long += [{"group": g, "row": r, "panel": f"{label}, paper", "change": d}
-                 for r, g, d in zip(table.index, table["group"], table[f"{metric}_paper_delta"])]
+        long += [
+            {"group": g, "row": r, "panel": f"{label}, ours", "change": v - base[metric]}
+            for g, r, v in zip(mine["group"], mine["row"], mine[metric])
+        ]
+        long += [
+            {"group": g, "row": r, "panel": f"{label}, paper", "change": d}
+            for r, g, d in zip(table.index, table["group"], table[f"{metric}_paper_delta"])
+        ]
     data = pd.DataFrame(long)
     data = data[data["group"].isin(GROUPS)]
     if not has_bleu(table):  # nothing to compare: every BLEU of ours is zero or missing
@@ -80,8 +93,15 @@ def group_changes(table: pd.DataFrame, runs: pd.DataFrame, path: Path, title: st
                 ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=ax.transAxes, color="#777")
                 ax.set_xticks([])
             else:
-                sns.barplot(subset, x="row", y="change", order=order, errorbar="sd", ax=ax,
-                            color=SOURCE_COLOR[panel.rsplit(", ", 1)[1]])
+                sns.barplot(
+                    subset,
+                    x="row",
+                    y="change",
+                    order=order,
+                    errorbar="sd",
+                    ax=ax,
+                    color=SOURCE_COLOR[panel.rsplit(", ", 1)[1]],
+                )
             ax.axhline(0, color="#333", linewidth=0.8)
             ax.set(title=f"({group}) {panel}", xlabel="", ylabel="")
     fig.suptitle(title, y=1.0)
@@ -94,9 +114,23 @@ def training_curves(curves: pd.DataFrame, metric: str, path: Path, title: str, o
     scale when it spans more than a factor 3) so that the rows can be compared at a glance."""
     data = curves.dropna(subset=[metric])
     rows = [r for r in order if r in set(data["row"])]
-    grid = sns.relplot(data, x="step", y=metric, col="row", col_order=rows, col_wrap=min(5, len(rows)),
-                       hue="seed", kind="line", estimator=None, errorbar=None, marker="o" if metric == "dev_ppl" else None,
-                       height=1.8, aspect=1.3, facet_kws={"sharey": True, "sharex": True}, palette="deep")
+    grid = sns.relplot(
+        data,
+        x="step",
+        y=metric,
+        col="row",
+        col_order=rows,
+        col_wrap=min(5, len(rows)),
+        hue="seed",
+        kind="line",
+        estimator=None,
+        errorbar=None,
+        marker="o" if metric == "dev_ppl" else None,
+        height=1.8,
+        aspect=1.3,
+        facet_kws={"sharey": True, "sharex": True},
+        palette="deep",
+    )
     values = data[metric]
     if metric == "dev_ppl" and values.max() > 3 * values.min():  # PPL falling from ~1000 to ~10: log scale
         first = grid.axes.flat[0]  # shared axes share the scale and the tickers
@@ -126,8 +160,15 @@ def agreement_by_step(progress: pd.DataFrame, path: Path, title: str) -> plt.Fig
         for scope, lines in progress.groupby("scope", sort=False):
             lines = lines.dropna(subset=[column])
             if len(lines):
-                ax.plot(lines["step"], lines[column], marker="o", markersize=3, color=SCOPE_COLOR[scope],
-                        linewidth=2.2 if scope == "all" else 1.1, label="all rows" if scope == "all" else f"({scope})")
+                ax.plot(
+                    lines["step"],
+                    lines[column],
+                    marker="o",
+                    markersize=3,
+                    color=SCOPE_COLOR[scope],
+                    linewidth=2.2 if scope == "all" else 1.1,
+                    label="all rows" if scope == "all" else f"({scope})",
+                )
         ax.axhline(0.5 if column == "share" else 0.0, color="#888", linewidth=0.8, linestyle="--")
         ax.set(ylabel=label, ylim=limits)
         ax.yaxis.label.set_size(8)
@@ -135,8 +176,9 @@ def agreement_by_step(progress: pd.DataFrame, path: Path, title: str) -> plt.Fig
     drawn = {}  # label -> line, over both panels: a group may have a rho at some step and no judged row at any
     for ax in axes[:, 0]:
         drawn.update((line.get_label(), line) for line in ax.get_lines() if not line.get_label().startswith("_"))
-    axes[0, 0].legend(list(drawn.values()), list(drawn), loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
-                      fontsize=8)
+    axes[0, 0].legend(
+        list(drawn.values()), list(drawn), loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=8
+    )
     fig.suptitle(title)
     fig.tight_layout()
     return _save(fig, path)
@@ -147,8 +189,11 @@ def _verdict_color(verdict: str) -> str:
 
 
 QUADRANTS = {  # (paper's change > 0, ours > 0) -> label, for a metric where lower is better (PPL)
-    (True, True): "both worse", (False, False): "both better",
-    (False, True): "paper better, ours worse", (True, False): "paper worse, ours better"}
+    (True, True): "both worse",
+    (False, False): "both better",
+    (False, True): "paper better, ours worse",
+    (True, False): "paper worse, ours better",
+}
 
 
 def change_against_change(table: pd.DataFrame, path: Path, title: str) -> plt.Figure:
@@ -165,23 +210,48 @@ def change_against_change(table: pd.DataFrame, path: Path, title: str) -> plt.Fi
             verdict = line[f"{m}_agree"]
             verdicts.add(verdict)
             error = SE_MULTIPLE * line[f"{m}_se"]
-            ax.errorbar(line[f"{m}_paper_delta"], line[f"{m}_delta"], yerr=None if pd.isna(error) else error,
-                        fmt="o", color=_verdict_color(verdict), markersize=5, elinewidth=0.8, capsize=2)
-            ax.annotate(name, (line[f"{m}_paper_delta"], line[f"{m}_delta"]), xytext=(3, 3),
-                        textcoords="offset points", fontsize=7)
+            ax.errorbar(
+                line[f"{m}_paper_delta"],
+                line[f"{m}_delta"],
+                yerr=None if pd.isna(error) else error,
+                fmt="o",
+                color=_verdict_color(verdict),
+                markersize=5,
+                elinewidth=0.8,
+                capsize=2,
+            )
+            ax.annotate(
+                name,
+                (line[f"{m}_paper_delta"], line[f"{m}_delta"]),
+                xytext=(3, 3),
+                textcoords="offset points",
+                fontsize=7,
+            )
         ax.axhline(0, color="#333", linewidth=0.8)
         ax.axvline(0, color="#333", linewidth=0.8)
         ax.margins(0.25)
         for (paper_up, ours_up), text in QUADRANTS.items():
             if not lower_better:  # higher BLEU is better: the same quadrant means the opposite
                 text = text.replace("worse", "WORSE").replace("better", "worse").replace("WORSE", "better")
-            ax.text(0.98 if paper_up else 0.02, 0.98 if ours_up else 0.02, text, transform=ax.transAxes,
-                    ha="right" if paper_up else "left", va="top" if ours_up else "bottom", fontsize=7, color="#555",
-                    style="italic")
-        ax.set(xlabel=f"paper's change in {label} against base", ylabel=f"our change in {label} against base",
-               title=label)
-    handles = [Line2D([], [], marker="o", linestyle="", color=_verdict_color(v), label=v) for v in
-               (AGREE, DISAGREE, NOT_SIGNIFICANT, *sorted(v for v in verdicts if v not in VERDICT_COLOR)) if v in verdicts]
+            ax.text(
+                0.98 if paper_up else 0.02,
+                0.98 if ours_up else 0.02,
+                text,
+                transform=ax.transAxes,
+                ha="right" if paper_up else "left",
+                va="top" if ours_up else "bottom",
+                fontsize=7,
+                color="#555",
+                style="italic",
+            )
+        ax.set(
+            xlabel=f"paper's change in {label} against base", ylabel=f"our change in {label} against base", title=label
+        )
+    handles = [
+        Line2D([], [], marker="o", linestyle="", color=_verdict_color(v), label=v)
+        for v in (AGREE, DISAGREE, NOT_SIGNIFICANT, *sorted(v for v in verdicts if v not in VERDICT_COLOR))
+        if v in verdicts
+    ]
     fig.legend(handles=handles, title="verdict", loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.suptitle(title)
     fig.tight_layout()
@@ -195,8 +265,9 @@ def budgets_side_by_side(tables: dict[str, pd.DataFrame], path: Path, title: str
     metrics = [m for m in ("ppl", "bleu") if m == "ppl" or any(has_bleu(t) for t in tables.values())]
     first = next(iter(tables.values()))
     rows = [r for r in first.index if r != "base" and any(t.loc[r, "seeds"] > 0 for t in tables.values())]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(1.2 + 2.1 * len(tables) * len(metrics), 1.4 + 0.28 * len(rows)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(metrics), figsize=(1.2 + 2.1 * len(tables) * len(metrics), 1.4 + 0.28 * len(rows)), squeeze=False
+    )
     palette = {**VERDICT_COLOR, "few seeds": FEW_SEEDS_COLOR, NOT_COMPARABLE: "#ffffff", "not run": "#ffffff"}
     shown = set()
     for ax, m in zip(axes[0], metrics):
@@ -206,26 +277,60 @@ def budgets_side_by_side(tables: dict[str, pd.DataFrame], path: Path, title: str
             share = summary.tallies[m].share
             rho = "" if m != "ppl" or pd.isna(summary.spearman_ppl) else f", ρ {summary.spearman_ppl:+.2f}"
             columns[f"{budget}\n{'n/a' if pd.isna(share) else f'{share:.0%}'} agree{rho}"] = budget
-        verdicts = pd.DataFrame({label: [tables[b].loc[r, f"{m}_agree"] if tables[b].loc[r, "seeds"] > 0 else "not run"
-                                         for r in rows] for label, b in columns.items()}, index=rows)
-        changes = pd.DataFrame({label: [tables[b].loc[r, f"{m}_delta"] for r in rows] for label, b in columns.items()},
-                               index=rows)
+        verdicts = pd.DataFrame(
+            {
+                label: [tables[b].loc[r, f"{m}_agree"] if tables[b].loc[r, "seeds"] > 0 else "not run" for r in rows]
+                for label, b in columns.items()
+            },
+            index=rows,
+        )
+        changes = pd.DataFrame(
+            {label: [tables[b].loc[r, f"{m}_delta"] for r in rows] for label, b in columns.items()}, index=rows
+        )
         labels = changes.map(lambda d: "" if pd.isna(d) else f"{d:+.3g}")
         kinds = verdicts.map(lambda v: v if v in palette else "few seeds")
         shown |= set(kinds.to_numpy().ravel())
-        sns.heatmap(kinds.map(list(palette).index), annot=labels, fmt="", cbar=False, vmin=-0.5, vmax=len(palette) - 0.5,
-                    cmap=ListedColormap(list(palette.values())), linewidths=0.5, linecolor="#dddddd",
-                    annot_kws={"fontsize": 7}, ax=ax)
+        sns.heatmap(
+            kinds.map(list(palette).index),
+            annot=labels,
+            fmt="",
+            cbar=False,
+            vmin=-0.5,
+            vmax=len(palette) - 0.5,
+            cmap=ListedColormap(list(palette.values())),
+            linewidths=0.5,
+            linecolor="#dddddd",
+            annot_kws={"fontsize": 7},
+            ax=ax,
+        )
         paper = first.loc[rows, f"{m}_paper_delta"]
-        ax.set_yticks([i + 0.5 for i in range(len(rows))],
-                      [f"{r} (paper {d:+.2g})" if pd.notna(d) else r for r, d in zip(rows, paper)], rotation=0, fontsize=7)
+        ax.set_yticks(
+            [i + 0.5 for i in range(len(rows))],
+            [f"{r} (paper {d:+.2g})" if pd.notna(d) else r for r, d in zip(rows, paper)],
+            rotation=0,
+            fontsize=7,
+        )
         ax.tick_params(axis="x", rotation=0, labelsize=7)
         ax.set(xlabel="", ylabel="", title=f"change in dev {m.upper()} against base")
-    legend = {AGREE: "agrees", DISAGREE: "disagrees", NOT_SIGNIFICANT: "not significant",
-              "few seeds": f"fewer than {MIN_SEEDS} seeds", "not run": "not run / no paper value"}
-    fig.legend(handles=[Patch(facecolor=palette[k], edgecolor="#999", label=text) for k, text in legend.items()
-                        if k in shown or (k == "not run" and NOT_COMPARABLE in shown)],
-               loc="lower center", ncol=5, frameon=False, fontsize=7, bbox_to_anchor=(0.5, -0.02))
+    legend = {
+        AGREE: "agrees",
+        DISAGREE: "disagrees",
+        NOT_SIGNIFICANT: "not significant",
+        "few seeds": f"fewer than {MIN_SEEDS} seeds",
+        "not run": "not run / no paper value",
+    }
+    fig.legend(
+        handles=[
+            Patch(facecolor=palette[k], edgecolor="#999", label=text)
+            for k, text in legend.items()
+            if k in shown or (k == "not run" and NOT_COMPARABLE in shown)
+        ],
+        loc="lower center",
+        ncol=5,
+        frameon=False,
+        fontsize=7,
+        bbox_to_anchor=(0.5, -0.02),
+    )
     fig.suptitle(title, fontsize=9)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return _save(fig, path)
@@ -239,8 +344,9 @@ def tokens_per_second(runs: pd.DataFrame, path: Path, title: str, order: list[st
     panels = [("tokens_per_s", "training tokens/s")]
     if "gemm_fraction" in data and data["gemm_fraction"].notna().any():
         panels.append(("gemm_fraction", "share of the GEMM rate"))
-    fig, axes = plt.subplots(len(panels), 1, figsize=(max(4.0, 0.45 * len(rows) + 1), 3 * len(panels)), sharex=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(max(4.0, 0.45 * len(rows) + 1), 3 * len(panels)), sharex=True, squeeze=False
+    )
     for ax, (column, label) in zip(axes[:, 0], panels):
         sns.barplot(data, x="row", y=column, order=rows, errorbar="sd", ax=ax, color=SOURCE_COLOR["ours"])
         ax.set(xlabel="", ylabel=label)
@@ -260,7 +366,9 @@ def params_against_ppl(table: pd.DataFrame, path: Path, title: str) -> plt.Figur
         for name, px, py in zip(points.index, points[x], points[y]):
             ax.annotate(name, (px, py), xytext=(3, 3), textcoords="offset points", fontsize=7)
         ax.set(title=source, xlabel="params ×10⁶", ylabel="dev PPL")
-    handles = [Line2D([], [], marker="o", linestyle="", color=c, label=g) for g, c in GROUP_COLOR.items() if g in groups]
+    handles = [
+        Line2D([], [], marker="o", linestyle="", color=c, label=g) for g, c in GROUP_COLOR.items() if g in groups
+    ]
     fig.legend(handles=handles, title="group", loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.suptitle(title)
     fig.tight_layout()
@@ -276,14 +384,30 @@ def verdict_heatmap(long: pd.DataFrame, index: str, path: Path, title: str, pale
     codes = wide.map(list(palette).index)
     labels = wide.map(lambda v: palette[v][1])
     fig, ax = plt.subplots(figsize=(2.0 + 0.32 * wide.shape[1], 1.6 + 0.3 * wide.shape[0]))
-    sns.heatmap(codes, annot=labels, fmt="", cmap=ListedColormap([c for c, _, _ in palette.values()]),
-                vmin=-0.5, vmax=len(palette) - 0.5, cbar=False, linewidths=0.5, linecolor="white",
-                annot_kws={"fontsize": 7}, ax=ax)
+    sns.heatmap(
+        codes,
+        annot=labels,
+        fmt="",
+        cmap=ListedColormap([c for c, _, _ in palette.values()]),
+        vmin=-0.5,
+        vmax=len(palette) - 0.5,
+        cbar=False,
+        linewidths=0.5,
+        linecolor="white",
+        annot_kws={"fontsize": 7},
+        ax=ax,
+    )
     ax.set(xlabel="", ylabel="")
     ax.set_title(title, pad=22)
     ax.tick_params(axis="x", rotation=90)
     ax.tick_params(axis="y", rotation=0)
     shown = set(wide.to_numpy().ravel())
-    ax.legend(handles=[Patch(facecolor=c, edgecolor="#999", label=text) for v, (c, _, text) in palette.items() if v in shown],
-              loc="lower left", bbox_to_anchor=(0, 1.0), ncol=4, frameon=False, fontsize=7)
+    ax.legend(
+        handles=[Patch(facecolor=c, edgecolor="#999", label=text) for v, (c, _, text) in palette.items() if v in shown],
+        loc="lower left",
+        bbox_to_anchor=(0, 1.0),
+        ncol=4,
+        frameon=False,
+        fontsize=7,
+    )
     return _save(fig, path)

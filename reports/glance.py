@@ -4,6 +4,7 @@ Each block sits between `<!-- NAME:start -->` and `<!-- NAME:end -->` in a Markd
 `python -m reports` from the reports on disk (and, for the property table, from `invariants.suite.PROPERTIES`,
 the source of `python -m invariants --list`), so that neither can go stale. Same inputs, same text.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,9 +48,17 @@ def invariants_rows(folder: Path, root: Path) -> list[str]:
         report = json.loads(path.read_text())
         if "verdicts" not in report or "model" not in report:
             continue  # the kill matrix
-        counts = ", ".join(f"{report['verdicts'][v]} {v.replace('_', ' ')}" for v in VERDICTS if report["verdicts"].get(v))
-        rows.append(_row(f"[invariants]({_link(path.with_suffix('.md'), root)}), `{report['model']}`", counts,
-                         report.get("date", ""), report.get("commit", "?")))
+        counts = ", ".join(
+            f"{report['verdicts'][v]} {v.replace('_', ' ')}" for v in VERDICTS if report["verdicts"].get(v)
+        )
+        rows.append(
+            _row(
+                f"[invariants]({_link(path.with_suffix('.md'), root)}), `{report['model']}`",
+                counts,
+                report.get("date", ""),
+                report.get("commit", "?"),
+            )
+        )
     return rows
 
 
@@ -63,10 +72,13 @@ def kill_matrix_row(folder: Path, root: Path) -> str | None:
     caught = sum(n > 0 for n in fails.values())
     dates = [json.loads(p.read_text()).get("date", "") for p in sorted((folder / "mutants").glob("*.json"))]
     where = "small config" if matrix.get("config") else "base config"
-    return _row(f"[kill matrix]({_link(path.with_suffix('.md'), root)}), {where}",
-                f"{caught} of {len(fails)} mutants caught (a property fails on them), each failing "
-                f"{min(fails.values())} to {max(fails.values())} of {len(matrix['properties'])} properties",
-                max(dates, default=""), matrix.get("commit", "?"))
+    return _row(
+        f"[kill matrix]({_link(path.with_suffix('.md'), root)}), {where}",
+        f"{caught} of {len(fails)} mutants caught (a property fails on them), each failing "
+        f"{min(fails.values())} to {max(fails.values())} of {len(matrix['properties'])} properties",
+        max(dates, default=""),
+        matrix.get("commit", "?"),
+    )
 
 
 def table3_rows(results_dir: Path, out_dir: Path, root: Path) -> list[str]:
@@ -83,8 +95,9 @@ def table3_rows(results_dir: Path, out_dir: Path, root: Path) -> list[str]:
         date = str(results.runs["date"].dropna().max()) if "date" in results.runs else ""
         commits = sorted(results.runs["commit"].dropna().astype(str)) if "commit" in results.runs else []
         link = _link(out_dir / "table3" / f"{results.budget}.md", root)
-        found.append((date, _row(f"[Table 3]({link}), budget {results.budget}", headline, date,
-                                 commits[-1] if commits else "?")))
+        found.append(
+            (date, _row(f"[Table 3]({link}), budget {results.budget}", headline, date, commits[-1] if commits else "?"))
+        )
     return [row for _, row in sorted(found, reverse=True)]
 
 
@@ -95,15 +108,24 @@ def bench_rows(path: Path, root: Path) -> list[str]:
     bench = json.loads(path.read_text())
     rows = []
     for size in ("base", "scaled"):
-        for what, key, name_key, rate_key in (("training step", "training", "variant", "tgt_tokens_per_s"),
-                                              ("beam search", "decoding", "system", "output_tokens_per_s")):
+        for what, key, name_key, rate_key in (
+            ("training step", "training", "variant", "tgt_tokens_per_s"),
+            ("beam search", "decoding", "system", "output_tokens_per_s"),
+        ):
             rates = {r[name_key]: r[rate_key] for r in bench.get(key, []) if r["size"] == size}
             if "reference" in rates and len(rates) > 1:
-                ratios = "; ".join(f"{name} {rate / rates['reference']:.2f}x" for name, rate in rates.items() if name != "reference")
+                ratios = "; ".join(
+                    f"{name} {rate / rates['reference']:.2f}x" for name, rate in rates.items() if name != "reference"
+                )
                 clock = "CPU time" if bench.get("clock") == "cpu" else "wall-clock"
-                rows.append(_row(f"[benchmark]({_link(path.with_suffix('.md'), root)}), {what}, {size} size",
-                                 f"tokens/s ({clock}) against the reference's: {ratios}", bench.get("date", ""),
-                                 bench.get("commit", "?")))
+                rows.append(
+                    _row(
+                        f"[benchmark]({_link(path.with_suffix('.md'), root)}), {what}, {size} size",
+                        f"tokens/s ({clock}) against the reference's: {ratios}",
+                        bench.get("date", ""),
+                        bench.get("commit", "?"),
+                    )
+                )
     return rows
 
 
@@ -114,10 +136,17 @@ def _row(what: str, result: str, date: str, commit: str) -> str:
 def glance(results_dir: Path, invariants_dir: Path, out_dir: Path, root: Path) -> str:
     """The results-at-a-glance table: invariants, kill matrices, Table 3 headlines and benchmark ratios."""
     rows = invariants_rows(invariants_dir, root)
-    rows += [row for row in (kill_matrix_row(invariants_dir, root), kill_matrix_row(invariants_dir / "base", root)) if row]
+    rows += [
+        row for row in (kill_matrix_row(invariants_dir, root), kill_matrix_row(invariants_dir / "base", root)) if row
+    ]
     rows += table3_rows(results_dir, out_dir, root) + bench_rows(out_dir / "bench.json", root)
-    header = [f"Generated by `nox -s report` from the reports under `reports/` ({len(PROPERTIES)} properties; ratios above 1: "
-              "faster than ours).", "", "| what | result | date, commit |", "|---|---|---|"]
+    header = [
+        f"Generated by `nox -s report` from the reports under `reports/` ({len(PROPERTIES)} properties; ratios above 1: "
+        "faster than ours).",
+        "",
+        "| what | result | date, commit |",
+        "|---|---|---|",
+    ]
     return "\n".join(header + rows) + "\n"
 
 
@@ -131,7 +160,9 @@ def property_table() -> str:
     for prop in PROPERTIES:
         tol = prop.tolerance
         bound = f"at least {tol.value:g}" if tol.at_least else f"{tol.value:g}"
-        lines.append(f"| {_cell(prop.group)} | `{prop.name}` | {_cell(prop.description)} | {bound} ({_cell(tol.reason)}) |")
+        lines.append(
+            f"| {_cell(prop.group)} | `{prop.name}` | {_cell(prop.description)} | {bound} ({_cell(tol.reason)}) |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -152,6 +183,8 @@ def update(path: Path, name: str, body: str) -> bool:
 def write(results_dir: Path, invariants_dir: Path, out_dir: Path) -> list[Path]:
     """Refresh README.md's glance block and docs/invariants.md's property table beside `out_dir` (the repository)."""
     root = out_dir.resolve().parent
-    targets = [(root / "README.md", "glance", lambda: glance(results_dir, invariants_dir, out_dir, root)),
-               (root / "docs" / "invariants.md", "properties", property_table)]
+    targets = [
+        (root / "README.md", "glance", lambda: glance(results_dir, invariants_dir, out_dir, root)),
+        (root / "docs" / "invariants.md", "properties", property_table),
+    ]
     return [path for path, name, body in targets if path.is_file() and update(path, name, body())]

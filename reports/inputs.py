@@ -6,6 +6,7 @@ run folders under `runs/`; a runner's own `runs/<budget>/` folder reads the same
 runner's own readers (ablations.runs), from the final.json files that results.csv is gathered from. Invariants verdicts are
 `<invariants>/<model>.json`, one per model, and `<invariants>/kill_matrix.json`.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,11 +54,18 @@ class BudgetResults:
 def budget_folders(results_dir: Path) -> list[Path]:
     """Budget folders under `results_dir` that hold at least one ended run (a final.json)."""
     if not results_dir.is_dir():
-        raise MissingInput(f"no ablation results folder {shown_path(results_dir)}; produce it with `{ABLATIONS_COMMAND.format(budget='smoke')}`")
-    folders = [p for p in sorted(results_dir.iterdir())
-               if p.is_dir() and any(R.final_problem(d, identity=True) is None for d in R.run_folders(p, R.FINAL))]
+        raise MissingInput(
+            f"no ablation results folder {shown_path(results_dir)}; produce it with `{ABLATIONS_COMMAND.format(budget='smoke')}`"
+        )
+    folders = [
+        p
+        for p in sorted(results_dir.iterdir())
+        if p.is_dir() and any(R.final_problem(d, identity=True) is None for d in R.run_folders(p, R.FINAL))
+    ]
     if not folders:
-        raise MissingInput(f"no finished ablation runs under {shown_path(results_dir)}; produce them with `{ABLATIONS_COMMAND.format(budget='smoke')}`")
+        raise MissingInput(
+            f"no finished ablation runs under {shown_path(results_dir)}; produce them with `{ABLATIONS_COMMAND.format(budget='smoke')}`"
+        )
     return folders
 
 
@@ -69,7 +77,9 @@ def _numbers(column: pd.Series) -> pd.Series:
 def load_budget(folder: Path) -> BudgetResults:
     """All runs of one budget folder: finished, diverged and failed ones (with NaN metrics), the newest per (row, seed);
     the older ones are named in `superseded` so that the header can say so."""
-    runs = R.results_table(folder)  # the runner's own reader: one line per readable final.json (damaged ones: a warning)
+    runs = R.results_table(
+        folder
+    )  # the runner's own reader: one line per readable final.json (damaged ones: a warning)
     for column in ("dev_ppl", "bleu", "params", "steps", "tokens_seen", "tokens_per_s", "gemm_fraction", "wall_s"):
         runs[column] = _numbers(runs[column]) if column in runs else math.nan
     runs = runs.sort_values("date", kind="stable") if "date" in runs else runs
@@ -124,11 +134,17 @@ def _reports(folder: Path) -> list[tuple[InvariantsReport, list[dict]]]:
         try:
             doc = json.loads(path.read_text())
             model = doc.get("model", path.stem)
-            found.append((InvariantsReport(path, model, doc.get("command") or INVARIANTS_COMMAND.format(model=model)),
-                          [{"name": p["name"], "verdict": p["verdict"]} for p in doc["properties"]]))
+            found.append(
+                (
+                    InvariantsReport(path, model, doc.get("command") or INVARIANTS_COMMAND.format(model=model)),
+                    [{"name": p["name"], "verdict": p["verdict"]} for p in doc["properties"]],
+                )
+            )
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise MissingInput(f"{shown_path(path)} is not an invariants report ({type(exc).__name__}: {exc}); "
-                               f"regenerate it with `{INVARIANTS_COMMAND.format(model='SPEC')}`") from None
+            raise MissingInput(
+                f"{shown_path(path)} is not an invariants report ({type(exc).__name__}: {exc}); "
+                f"regenerate it with `{INVARIANTS_COMMAND.format(model='SPEC')}`"
+            ) from None
     return found
 
 
@@ -137,14 +153,26 @@ def load_invariants(folder: Path) -> Invariants:
     models = _reports(folder)
     kill_path = folder / KILL_MATRIX
     if not models and not kill_path.is_file():
-        raise MissingInput(f"no invariants reports in {shown_path(folder)}; produce them with `{INVARIANTS_COMMAND.format(model='reference')}`")
-    verdicts = [{"model": r.model, "property": p["name"], "verdict": p["verdict"]} for r, props in models for p in props]
+        raise MissingInput(
+            f"no invariants reports in {shown_path(folder)}; produce them with `{INVARIANTS_COMMAND.format(model='reference')}`"
+        )
+    verdicts = [
+        {"model": r.model, "property": p["name"], "verdict": p["verdict"]} for r, props in models for p in props
+    ]
     kills, kill_command = [], KILL_MATRIX_COMMAND
     if kill_path.is_file():
         matrix = json.loads(kill_path.read_text())
         kill_command = matrix.get("command") or KILL_MATRIX_COMMAND
-        kills = [{"mutant": mutant, "property": prop, "verdict": matrix["verdicts"].get(mutant, {}).get(prop, "missing")}
-                 for mutant in matrix["mutants"] for prop in matrix["properties"]]
-    return Invariants(folder, [r for r, _ in models], [r for r, _ in _reports(folder / "mutants")],
-                      pd.DataFrame(verdicts, columns=["model", "property", "verdict"]),
-                      pd.DataFrame(kills, columns=["mutant", "property", "verdict"]), kill_command)
+        kills = [
+            {"mutant": mutant, "property": prop, "verdict": matrix["verdicts"].get(mutant, {}).get(prop, "missing")}
+            for mutant in matrix["mutants"]
+            for prop in matrix["properties"]
+        ]
+    return Invariants(
+        folder,
+        [r for r, _ in models],
+        [r for r, _ in _reports(folder / "mutants")],
+        pd.DataFrame(verdicts, columns=["model", "property", "verdict"]),
+        pd.DataFrame(kills, columns=["mutant", "property", "verdict"]),
+        kill_command,
+    )

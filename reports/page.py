@@ -1,4 +1,5 @@
 """The HTML shell of the pages the reports write (the index, Table 3): one head, one font; each page adds its rules."""
+
 from __future__ import annotations
 
 import html
@@ -13,5 +14,7 @@ def stylesheet(body: str, rules: str) -> str:
 
 def document(title: str, css: str, body: str) -> str:
     """A standalone HTML page: its title, its CSS and the markup of its body."""
-    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
-            f"<style>{css}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
+        f"<style>{css}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n"
+    )

@@ -5,6 +5,7 @@ against base at that step agrees with the paper's under table3.SIGNIFICANCE, and
 PPL with the paper's across rows; for all rows and per group A-E (a group's correlation includes base, the row it
 is measured from). A row counts at a step with the seeds that logged it there.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,20 @@ from reports.table3 import MIN_SEEDS, judge, spearman, tally
 
 GROUPS = ("A", "B", "C", "D", "E")
 SCOPES = ("all", *GROUPS)  # "all": every row of Table 3 against base, big included
-COLUMNS = ["step", "scope", "rows", "agree", "judged", "not_significant", "few_seeds", "share", "spearman",
-           "spearman_rows", "min_seeds", "max_seeds"]
+COLUMNS = [
+    "step",
+    "scope",
+    "rows",
+    "agree",
+    "judged",
+    "not_significant",
+    "few_seeds",
+    "share",
+    "spearman",
+    "spearman_rows",
+    "min_seeds",
+    "max_seeds",
+]
 
 
 def _at_step(points: pd.DataFrame, rows: list[Table3Row]) -> pd.DataFrame:
@@ -51,11 +64,22 @@ def by_step(curves: pd.DataFrame, rows: list[Table3Row] | None = None) -> pd.Dat
             ran = changed.dropna(subset=["mean"])
             counts = tally(changed["agree"])
             rho, rho_rows = spearman(members["mean"], members["paper"])
-            lines.append({"step": int(step), "scope": scope, "rows": len(ran), "agree": counts.agree,
-                          "judged": counts.judged, "not_significant": counts.not_significant,
-                          "few_seeds": counts.few_seeds, "share": counts.share, "spearman": rho,
-                          "spearman_rows": rho_rows, "min_seeds": int(members["seeds"].min()) if len(ran) else 0,
-                          "max_seeds": int(members["seeds"].max()) if len(ran) else 0})
+            lines.append(
+                {
+                    "step": int(step),
+                    "scope": scope,
+                    "rows": len(ran),
+                    "agree": counts.agree,
+                    "judged": counts.judged,
+                    "not_significant": counts.not_significant,
+                    "few_seeds": counts.few_seeds,
+                    "share": counts.share,
+                    "spearman": rho,
+                    "spearman_rows": rho_rows,
+                    "min_seeds": int(members["seeds"].min()) if len(ran) else 0,
+                    "max_seeds": int(members["seeds"].max()) if len(ran) else 0,
+                }
+            )
     return pd.DataFrame(lines, columns=COLUMNS)
 
 
@@ -63,8 +87,11 @@ def _cell(line: pd.Series) -> str:
     """One scope at one step, compactly: 'agree k/n · ρ r' (or the seeds when none could be judged)."""
     if line["rows"] == 0:
         return "not run"
-    share = f"{line['agree']}/{line['judged']}" if line["judged"] else f"{line['min_seeds']} seed" + \
-        ("" if line["min_seeds"] == 1 else "s")
+    share = (
+        f"{line['agree']}/{line['judged']}"
+        if line["judged"]
+        else f"{line['min_seeds']} seed" + ("" if line["min_seeds"] == 1 else "s")
+    )
     rho = "ρ n/a" if math.isnan(line["spearman"]) else f"ρ {line['spearman']:+.2f}"
     return f"{share} · {rho}"
 
@@ -74,12 +101,15 @@ def markdown(progress: pd.DataFrame, title: str, significance: str) -> str:
     wide = progress.assign(cell=progress.apply(_cell, axis=1)).pivot(index="step", columns="scope", values="cell")
     wide = wide.reindex(columns=[s for s in SCOPES if s in wide.columns]).rename(columns={"all": "all rows"})
     wide.columns = [c if c == "all rows" else f"({c})" for c in wide.columns]
-    legend = (f"Each cell: rows whose change in dev PPL against base at that step agrees with the paper / rows judged, "
-              f"then Spearman's ρ of dev PPL across rows, ours vs the paper's (a group's ρ includes base; n/a under "
-              f"3 rows). Where rows had fewer than {MIN_SEEDS} seeds no verdict is given and the cell says how many "
-              f"seeds there were. {significance} Paper values: Vaswani et al. (2017), Table 3.")
-    return "\n".join([f"# {title}", "", wide.reset_index().to_markdown(index=False, disable_numparse=True), "",
-                      legend, ""])
+    legend = (
+        f"Each cell: rows whose change in dev PPL against base at that step agrees with the paper / rows judged, "
+        f"then Spearman's ρ of dev PPL across rows, ours vs the paper's (a group's ρ includes base; n/a under "
+        f"3 rows). Where rows had fewer than {MIN_SEEDS} seeds no verdict is given and the cell says how many "
+        f"seeds there were. {significance} Paper values: Vaswani et al. (2017), Table 3."
+    )
+    return "\n".join(
+        [f"# {title}", "", wide.reset_index().to_markdown(index=False, disable_numparse=True), "", legend, ""]
+    )
 
 
 def write(progress: pd.DataFrame, out_dir: Path, budget: str, title: str, significance: str) -> list[Path]:

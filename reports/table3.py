@@ -4,6 +4,7 @@ Every number comes from the runs on disk (reports.inputs) or from model.table3 (
 is typed in. Several seeds give a mean and a spread (sample standard deviation). SIGNIFICANCE below is the rule by
 which a change of ours counts, stated in every report.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,7 +27,8 @@ SIGNIFICANCE = (
     "(sd: sample standard deviation over seeds, n: seeds): then it agrees (yes) when it points the paper's way, "
     "disagrees (no) otherwise; a smaller change is n.s. Where the paper's own change is zero (no change expected), "
     "a change of ours that does not count agrees and one that counts disagrees. With fewer seeds the verdict says "
-    "how many there were (\"1 seed\"): no yes/no. Parameter counts are exact and compared as counted.")
+    'how many there were ("1 seed"): no yes/no. Parameter counts are exact and compared as counted.'
+)
 
 
 def too_few_seeds(seeds: int) -> str:
@@ -65,8 +67,9 @@ def judge(mean: pd.Series, sd: pd.Series, seeds: pd.Series, paper: pd.Series, ex
     n = seeds.fillna(0).astype(int)
     delta, paper_delta = mean - mean["base"], paper - paper["base"]
     se = pd.Series([change_se(sd[r], n[r], sd["base"], n["base"]) for r in mean.index], index=mean.index)
-    verdicts = pd.Series([verdict(delta[r], se[r], paper_delta[r], min(n[r], n["base"]), exact) for r in mean.index],
-                         index=mean.index)
+    verdicts = pd.Series(
+        [verdict(delta[r], se[r], paper_delta[r], min(n[r], n["base"]), exact) for r in mean.index], index=mean.index
+    )
     verdicts["base"] = NOT_COMPARABLE
     return pd.DataFrame({"delta": delta, "se": se, "paper_delta": paper_delta, "agree": verdicts})
 
@@ -74,8 +77,15 @@ def judge(mean: pd.Series, sd: pd.Series, seeds: pd.Series, paper: pd.Series, ex
 def per_run(runs: pd.DataFrame) -> pd.DataFrame:
     """Finished runs with our metrics under the table's names (row, seed, ppl, bleu, params in millions)."""
     finished = runs[runs["status"] == "finished"] if "status" in runs else runs
-    return pd.DataFrame({"row": finished["row"], "seed": finished["seed"], "ppl": finished["dev_ppl"],
-                         "bleu": finished["bleu"], "params": finished["params"] / 1e6})
+    return pd.DataFrame(
+        {
+            "row": finished["row"],
+            "seed": finished["seed"],
+            "ppl": finished["dev_ppl"],
+            "bleu": finished["bleu"],
+            "params": finished["params"] / 1e6,
+        }
+    )
 
 
 def _ours(runs: pd.DataFrame) -> pd.DataFrame:
@@ -110,10 +120,20 @@ def compare(runs: pd.DataFrame, rows: list[Table3Row] | None = None) -> pd.DataF
     base_row = next(r for r in rows if r.name == "base")
     paper_base = {c: getattr(base_row.config(), c) for c in CONFIG_COLUMNS}
     base_config = {c: v for c, v in _config(base_row, runs, paper_base).items() if c in CONFIG_COLUMNS}
-    table = pd.DataFrame([{"row": r.name, "group": r.group, **_config(r, runs, base_config),
-                           "paper_steps": r.train_steps, "ppl_paper": r.paper_ppl, "bleu_paper": r.paper_bleu,
-                           "params_paper": math.nan if r.paper_params_millions is None else r.paper_params_millions}
-                          for r in rows]).set_index("row")
+    table = pd.DataFrame(
+        [
+            {
+                "row": r.name,
+                "group": r.group,
+                **_config(r, runs, base_config),
+                "paper_steps": r.train_steps,
+                "ppl_paper": r.paper_ppl,
+                "bleu_paper": r.paper_bleu,
+                "params_paper": math.nan if r.paper_params_millions is None else r.paper_params_millions,
+            }
+            for r in rows
+        ]
+    ).set_index("row")
     table = table.join(ours)
     table["seeds"] = table["seeds"].fillna(0).astype(int)
     table["not_finished"] = table["not_finished"].fillna(0).astype(int)
@@ -140,7 +160,11 @@ class Tally:
 
     def text(self) -> str:
         if not self.judged:
-            return f"no verdict ({count_rows(self.few_seeds)} with fewer than {MIN_SEEDS} seeds)" if self.few_seeds else "no rows"
+            return (
+                f"no verdict ({count_rows(self.few_seeds)} with fewer than {MIN_SEEDS} seeds)"
+                if self.few_seeds
+                else "no rows"
+            )
         few = f", {self.few_seeds} with fewer than {MIN_SEEDS} seeds" if self.few_seeds else ""
         return f"{self.agree} of {self.judged} rows agree ({self.share:.0%}; n.s. {self.not_significant}{few})"
 
@@ -170,9 +194,11 @@ class Summary:
 
     def line(self) -> str:
         rho = "n/a (fewer than 3 rows)" if math.isnan(self.spearman_ppl) else f"{self.spearman_ppl:.2f}"
-        return (f"Agreement with the paper's changes (2-SE rule, at least {MIN_SEEDS} seeds): "
-                f"PPL {self.tallies['ppl'].text()}; BLEU {self.tallies['bleu'].text()}. "
-                f"Spearman rank correlation of dev PPL, ours vs paper, over {self.spearman_rows} rows: {rho}.")
+        return (
+            f"Agreement with the paper's changes (2-SE rule, at least {MIN_SEEDS} seeds): "
+            f"PPL {self.tallies['ppl'].text()}; BLEU {self.tallies['bleu'].text()}. "
+            f"Spearman rank correlation of dev PPL, ours vs paper, over {self.spearman_rows} rows: {rho}."
+        )
 
 
 def summarize(table: pd.DataFrame) -> Summary:

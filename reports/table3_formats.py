@@ -6,6 +6,7 @@ throughput (source + target tokens/s, and that rate's share of the machine's GEM
 for a code host: each row's change to the configuration as text, the paper's and our PPL, BLEU and params side by
 side, and the changes with their verdicts in one compact column.
 """
+
 from __future__ import annotations
 
 import html
@@ -24,16 +25,28 @@ from reports.table3 import METRICS, PAPER_CONFIG, SIGNIFICANCE, Summary, count_r
 METRIC_LABEL = {"ppl": "PPL (dev)", "bleu": "BLEU (dev)", "params": "params ×10⁶"}
 DECIMALS = {"ppl": 2, "bleu": 1}  # as the paper prints them
 CONFIG_LABEL = {"P_drop": "P_drop", "eps_ls": "ε_ls"}
-LATEX_LABEL = {"N": "$N$", "d_model": "$d_\\text{model}$", "d_ff": "$d_\\text{ff}$", "h": "$h$", "d_k": "$d_k$",
-               "d_v": "$d_v$", "P_drop": "$P_{drop}$", "ε_ls": "$\\epsilon_{ls}$", "params ×10⁶": "params $\\times 10^6$",
-               "Δ ours": "$\\Delta$ ours", "Δ paper": "$\\Delta$ paper"}
+LATEX_LABEL = {
+    "N": "$N$",
+    "d_model": "$d_\\text{model}$",
+    "d_ff": "$d_\\text{ff}$",
+    "h": "$h$",
+    "d_k": "$d_k$",
+    "d_v": "$d_v$",
+    "P_drop": "$P_{drop}$",
+    "ε_ls": "$\\epsilon_{ls}$",
+    "params ×10⁶": "params $\\times 10^6$",
+    "Δ ours": "$\\Delta$ ours",
+    "Δ paper": "$\\Delta$ paper",
+}
 PE_TEXT = {"learned": "positional embedding instead of sinusoids", "none": "no positional encoding"}
 AGREE_COLOR = {"yes": "#d8f0d8", "no": "#f6d5d5", "n.s.": "#ececec"}
-LEGEND = ("Blank configuration cell: same as base, as the paper prints it. Δ: change against the base row "
-          "(ours against our base, the paper's against its base). ± after a value is the sample standard deviation "
-          "over seeds, after a change its standard error. agree: the verdict; —: nothing to compare. "
-          f"{SIGNIFICANCE} Rows not run show the paper's changes to the configuration. "
-          "Paper values: Vaswani et al. (2017), Table 3.")
+LEGEND = (
+    "Blank configuration cell: same as base, as the paper prints it. Δ: change against the base row "
+    "(ours against our base, the paper's against its base). ± after a value is the sample standard deviation "
+    "over seeds, after a change its standard error. agree: the verdict; —: nothing to compare. "
+    f"{SIGNIFICANCE} Rows not run show the paper's changes to the configuration. "
+    "Paper values: Vaswani et al. (2017), Table 3."
+)
 
 
 def _metric_text(metric: str, value: float, sd: float = math.nan, signed: bool = False) -> str:
@@ -64,8 +77,9 @@ def _steps(value: float) -> str:
 def _config_cells(line: pd.Series, base: pd.Series) -> dict[str, str]:
     """The paper's configuration columns: a value only where it differs from base; a changed pe as text (row E)."""
     is_base = line.name == "base"
-    cells = {CONFIG_LABEL.get(c, c): _config_value(c, line[c]) if is_base or line[c] != base[c] else ""
-             for c in PAPER_CONFIG}
+    cells = {
+        CONFIG_LABEL.get(c, c): _config_value(c, line[c]) if is_base or line[c] != base[c] else "" for c in PAPER_CONFIG
+    }
     if line["pe"] != base["pe"]:
         cells["N"] = PE_TEXT.get(line["pe"], f"pe = {line['pe']}")
     steps = line["steps"]
@@ -89,9 +103,13 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
             paper = _metric_text(m, line[f"{m}_paper"])
             delta = "" if name == "base" else _metric_text(m, line[f"{m}_delta"], line[f"{m}_se"], signed=True)
             paper_delta = "" if name == "base" else _metric_text(m, line[f"{m}_paper_delta"], signed=True)
-            cells |= {(METRIC_LABEL[m], "ours"): _ours_text(line, m), (METRIC_LABEL[m], "paper"): paper,
-                      (METRIC_LABEL[m], "Δ ours"): delta, (METRIC_LABEL[m], "Δ paper"): paper_delta,
-                      (METRIC_LABEL[m], "agree"): line[f"{m}_agree"]}
+            cells |= {
+                (METRIC_LABEL[m], "ours"): _ours_text(line, m),
+                (METRIC_LABEL[m], "paper"): paper,
+                (METRIC_LABEL[m], "Δ ours"): delta,
+                (METRIC_LABEL[m], "Δ paper"): paper_delta,
+                (METRIC_LABEL[m], "agree"): line[f"{m}_agree"],
+            }
         cells[("", "seeds")] = str(line["seeds"])
         cells[("training", "tok/s")] = "" if math.isnan(line["tokens_per_s"]) else f"{line['tokens_per_s']:,.0f}"
         cells[("training", "GEMM share")] = "" if math.isnan(line["gemm_fraction"]) else f"{line['gemm_fraction']:.0%}"
@@ -110,8 +128,14 @@ def _span(values: pd.Series, text) -> str:
 
 def _throughput(base: pd.Series) -> str:
     """The base row's training speed (medians over its seeds), each figure shown when known."""
-    parts = [f"{base['tokens_per_s']:,.0f} source+target tokens/s in training" if not math.isnan(base["tokens_per_s"]) else "",
-             f"{base['gemm_fraction']:.0%} of the machine's measured GEMM rate" if not math.isnan(base["gemm_fraction"]) else ""]
+    parts = [
+        f"{base['tokens_per_s']:,.0f} source+target tokens/s in training"
+        if not math.isnan(base["tokens_per_s"])
+        else "",
+        f"{base['gemm_fraction']:.0%} of the machine's measured GEMM rate"
+        if not math.isnan(base["gemm_fraction"])
+        else "",
+    ]
     known = ", ".join(part for part in parts if part)
     return f"base {known} (median over seeds; every row's in the HTML and CSV tables)" if known else "unknown"
 
@@ -125,8 +149,11 @@ def provenance(results: BudgetResults, table: pd.DataFrame) -> list[tuple[str, s
         values = runs[column].dropna().astype(str).unique() if column in runs else []
         return ", ".join(sorted(values)) or "unknown"
 
-    budget = f"{results.budget} (scaled: a shrunken model and data, for directions, not the paper's values)" \
-        if results.scaled else results.budget
+    budget = (
+        f"{results.budget} (scaled: a shrunken model and data, for directions, not the paper's values)"
+        if results.scaled
+        else results.budget
+    )
     base = table.loc["base"]
     steps = table["steps"].dropna()
     dates = runs["date"].dropna().astype(str) if "date" in runs else pd.Series(dtype=str)
@@ -143,15 +170,30 @@ def provenance(results: BudgetResults, table: pd.DataFrame) -> list[tuple[str, s
         ("torch", unique("torch")),
         ("commit", unique("commit")),
         ("date", f"{dates.min()} to {dates.max()}" if len(dates) else "unknown"),
-        ("steps", f"base {_steps(base['steps']) or 'not run'}; all rows {_span(steps, _steps)} (paper: 100K, big 300K)"
-                  if len(steps) else "none"),
+        (
+            "steps",
+            f"base {_steps(base['steps']) or 'not run'}; all rows {_span(steps, _steps)} (paper: 100K, big 300K)"
+            if len(steps)
+            else "none",
+        ),
         ("tokens seen", f"base {base['tokens_seen']:,.0f}" if not math.isnan(base["tokens_seen"]) else "unknown"),
         ("throughput", _throughput(base)),
-        ("seeds", f"{_span(ran, str)} finished per row that ran; not run: {', '.join(not_run) or 'none'}"
-                  if len(ran) else "no finished run"),
+        (
+            "seeds",
+            f"{_span(ran, str)} finished per row that ran; not run: {', '.join(not_run) or 'none'}"
+            if len(ran)
+            else "no finished run",
+        ),
         ("sacreBLEU", unique("sacrebleu_signature")),
-        ("results", shown_path(results.folder) + (f"; superseded by a newer run of the same row and seed: "
-                                                   f"{', '.join(results.superseded)}" if results.superseded else "")),
+        (
+            "results",
+            shown_path(results.folder)
+            + (
+                f"; superseded by a newer run of the same row and seed: {', '.join(results.superseded)}"
+                if results.superseded
+                else ""
+            ),
+        ),
     ]
 
 
@@ -161,8 +203,10 @@ def unfinished_note(runs: pd.DataFrame) -> str:
         return ""
     bad = runs[runs["status"] != "finished"]
     errors = bad["error"] if "error" in bad else pd.Series("", index=bad.index)
-    return "; ".join(f"{row} seed {seed}: {status}" + (f" ({error})" if isinstance(error, str) and error else "")
-                     for row, seed, status, error in zip(bad["row"], bad["seed"], bad["status"], errors))
+    return "; ".join(
+        f"{row} seed {seed}: {status}" + (f" ({error})" if isinstance(error, str) and error else "")
+        for row, seed, status, error in zip(bad["row"], bad["seed"], bad["status"], errors)
+    )
 
 
 # --- Markdown --------------------------------------------------------------------------------------------------
@@ -172,7 +216,9 @@ SHORT = {"ppl": "PPL", "bleu": "BLEU", "params": "params"}
 
 def _changes_text(line: pd.Series, base: pd.Series) -> str:
     """A row's configuration as its changes against base, e.g. 'h=1, d_k=64, d_v=64' (our values: a budget may scale)."""
-    changed = [f"{CONFIG_LABEL.get(c, c)}={_config_value(c, line[c])}" for c in (*PAPER_CONFIG, "pe") if line[c] != base[c]]
+    changed = [
+        f"{CONFIG_LABEL.get(c, c)}={_config_value(c, line[c])}" for c in (*PAPER_CONFIG, "pe") if line[c] != base[c]
+    ]
     if line["steps"] != base["steps"] and not math.isnan(line["steps"]):
         changed.append(f"steps={_steps(line['steps'])}")
     return ", ".join(changed)
@@ -208,17 +254,34 @@ def narrow(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(records)
 
 
-MARKDOWN_LEGEND = ("changes: our configuration where it differs from our base row. params: ×10⁶. "
-                   "± after a value: sample standard deviation over seeds. Δ ours/paper: the change against the base "
-                   "row, ours then the paper's, then the verdict. The wide table with every configuration column and "
-                   "the standard errors of the changes is in the HTML, LaTeX and CSV versions beside this file.")
+MARKDOWN_LEGEND = (
+    "changes: our configuration where it differs from our base row. params: ×10⁶. "
+    "± after a value: sample standard deviation over seeds. Δ ours/paper: the change against the base "
+    "row, ours then the paper's, then the verdict. The wide table with every configuration column and "
+    "the standard errors of the changes is in the HTML, LaTeX and CSV versions beside this file."
+)
 
 
-def markdown(table: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, note: str, title: str,
-             headline: str) -> str:
-    lines = [f"# {title}", "", f"**{headline}**", "", *[f"- **{k}**: {v}" for k, v in header], "",
-             f"**Summary.** {summary.line()}", "", narrow(table).to_markdown(index=False, disable_numparse=True), "",
-             MARKDOWN_LEGEND, "", SIGNIFICANCE, "", "Paper values: Vaswani et al. (2017), Table 3."]
+def markdown(
+    table: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, note: str, title: str, headline: str
+) -> str:
+    lines = [
+        f"# {title}",
+        "",
+        f"**{headline}**",
+        "",
+        *[f"- **{k}**: {v}" for k, v in header],
+        "",
+        f"**Summary.** {summary.line()}",
+        "",
+        narrow(table).to_markdown(index=False, disable_numparse=True),
+        "",
+        MARKDOWN_LEGEND,
+        "",
+        SIGNIFICANCE,
+        "",
+        "Paper values: Vaswani et al. (2017), Table 3.",
+    ]
     if note:
         lines += ["", f"Runs that did not finish: {note}."]
     return "\n".join(lines) + "\n"
@@ -226,7 +289,9 @@ def markdown(table: pd.DataFrame, header: list[tuple[str, str]], summary: Summar
 
 # --- HTML ------------------------------------------------------------------------------------------------------
 
-CSS = stylesheet("font-size: 13px; margin: 16px;", """h1 { font-size: 20px; margin: 0 0 12px; }
+CSS = stylesheet(
+    "font-size: 13px; margin: 16px;",
+    """h1 { font-size: 20px; margin: 0 0 12px; }
 dl.header { display: grid; grid-template-columns: max-content auto; gap: 2px 12px; margin: 0 0 12px; }
 dl.header dt { font-weight: bold; } dl.header dd { margin: 0; }
 p.summary { font-weight: bold; margin: 12px 0; }
@@ -237,49 +302,86 @@ table.table3 thead th { text-align: center; border-bottom: 1px solid #222; white
 table.table3 tbody th { text-align: left; font-weight: normal; }
 table.table3 span.spill { display: inline-block; width: 0; text-align: left; }  /* row E's text runs across the blank cells, as in the paper */
 p.legend { max-width: 1100px; color: #444; }
-""")
+""",
+)
+
 
 def _group_rules(shown: pd.DataFrame) -> pd.DataFrame:
     """A rule above the first row of each group, like the paper's horizontal lines between (A), (B), ..."""
     groups = shown.index.get_level_values(0)
     first = [i == 0 or g != groups[i - 1] for i, g in enumerate(groups)]
-    return pd.DataFrame([["border-top: 1px solid #888" if f else ""] * shown.shape[1] for f in first],
-                        index=shown.index, columns=shown.columns)
+    return pd.DataFrame(
+        [["border-top: 1px solid #888" if f else ""] * shown.shape[1] for f in first],
+        index=shown.index,
+        columns=shown.columns,
+    )
 
 
-def page(shown: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, note: str, title: str, headline: str) -> str:
+def page(
+    shown: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, note: str, title: str, headline: str
+) -> str:
     agree = [c for c in shown.columns if c[1] == "agree"]
-    styler = (shown.style.set_uuid("table3")  # a fixed id keeps the page identical across rebuilds of the same results
-              .apply(_group_rules, axis=None)
-              .map(lambda v: f"background-color: {AGREE_COLOR[v]}" if v in AGREE_COLOR else "", subset=agree)
-              .format(escape="html")
-              .format(lambda v: f'<span class="spill">{html.escape(v)}</span>' if v in PE_TEXT.values() else html.escape(v),
-                      subset=[("", "N")])
-              .set_table_attributes('class="table3"'))
+    styler = (
+        shown.style.set_uuid("table3")  # a fixed id keeps the page identical across rebuilds of the same results
+        .apply(_group_rules, axis=None)
+        .map(lambda v: f"background-color: {AGREE_COLOR[v]}" if v in AGREE_COLOR else "", subset=agree)
+        .format(escape="html")
+        .format(
+            lambda v: f'<span class="spill">{html.escape(v)}</span>' if v in PE_TEXT.values() else html.escape(v),
+            subset=[("", "N")],
+        )
+        .set_table_attributes('class="table3"')
+    )
     items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in header)
-    unfinished = f"<p class=\"legend\">Runs that did not finish: {html.escape(note)}.</p>" if note else ""
-    return document(title, CSS, f"<h1>{html.escape(title)}</h1>\n<p class=\"summary\">{html.escape(headline)}</p>\n"
-                    f"<dl class=\"header\">{items}</dl>\n<p class=\"summary\">{html.escape(summary.line())}</p>\n"
-                    f"{styler.to_html()}\n<p class=\"legend\">{html.escape(LEGEND)}</p>\n{unfinished}")
+    unfinished = f'<p class="legend">Runs that did not finish: {html.escape(note)}.</p>' if note else ""
+    return document(
+        title,
+        CSS,
+        f'<h1>{html.escape(title)}</h1>\n<p class="summary">{html.escape(headline)}</p>\n'
+        f'<dl class="header">{items}</dl>\n<p class="summary">{html.escape(summary.line())}</p>\n'
+        f'{styler.to_html()}\n<p class="legend">{html.escape(LEGEND)}</p>\n{unfinished}',
+    )
 
 
 # --- LaTeX -----------------------------------------------------------------------------------------------------
 
-LATEX_TEXT = {"±": "$\\pm$", "−": "$-$", "—": "---", "ε": "$\\epsilon$", "×": "$\\times$", "⁶": "$^6$", "ρ": "$\\rho$", "²": "$^2$",
-              "&": "\\&", "%": "\\%", "_": "\\_", "#": "\\#"}
+LATEX_TEXT = {
+    "±": "$\\pm$",
+    "−": "$-$",
+    "—": "---",
+    "ε": "$\\epsilon$",
+    "×": "$\\times$",
+    "⁶": "$^6$",
+    "ρ": "$\\rho$",
+    "²": "$^2$",
+    "&": "\\&",
+    "%": "\\%",
+    "_": "\\_",
+    "#": "\\#",
+}
 
 
 def _latex_text(text: str) -> str:
     return "".join(LATEX_TEXT.get(ch, ch) for ch in str(text))
 
 
-def latex(shown: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, note: str, title: str, headline: str) -> str:
+def latex(
+    shown: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, note: str, title: str, headline: str
+) -> str:
     """A booktabs table laid out like the paper's: the configuration columns, then ours beside the paper's."""
     labels = {**{k: _latex_text(k) for k in set(shown.columns.get_level_values(0))}, **LATEX_LABEL}
     cells = shown.map(_latex_text).rename(columns=lambda c: labels.get(c, _latex_text(c)))
     caption = _latex_text(f"{title}. {headline} {summary.line()}")
-    tex = cells.style.to_latex(hrules=True, multicol_align="c", multirow_align="naive", clines="skip-last;data", environment="table",
-                               position_float="centering", caption=caption, column_format="ll" + "r" * shown.shape[1])
+    tex = cells.style.to_latex(
+        hrules=True,
+        multicol_align="c",
+        multirow_align="naive",
+        clines="skip-last;data",
+        environment="table",
+        position_float="centering",
+        caption=caption,
+        column_format="ll" + "r" * shown.shape[1],
+    )
     tex = re.sub(r"\\cline\{[^}]*\}", r"\\midrule", tex)  # booktabs rules between the groups
     tex = tex.replace("\\midrule\n\\bottomrule", "\\bottomrule")  # none after the last group
     for text in PE_TEXT.values():  # row E's text spans the blank configuration columns, as in the paper
@@ -289,7 +391,12 @@ def latex(shown: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, 
     tex = tex.replace("\\begin{tabular}", "\\resizebox{\\linewidth}{!}{%\n\\begin{tabular}")
     tex = tex.replace("\\end{tabular}", "\\end{tabular}}")  # the table is wider than a page: scaled to the text width
     comments = [f"% {k}: {v}" for k, v in header] + ([f"% did not finish: {note}"] if note else [])
-    return "% Generated by `python -m reports` (needs \\usepackage{booktabs,graphicx}).\n" + "\n".join(comments) + "\n" + tex
+    return (
+        "% Generated by `python -m reports` (needs \\usepackage{booktabs,graphicx}).\n"
+        + "\n".join(comments)
+        + "\n"
+        + tex
+    )
 
 
 def init_text(runs: pd.DataFrame) -> str:
@@ -308,23 +415,36 @@ def headline(results: BudgetResults, table: pd.DataFrame, summary: Summary) -> s
     the share of rows agreeing with the paper and Spearman's rho of PPL, whatever they are."""
     base, paper_width = table.loc["base"], 512
     width = base["d_model"]
-    sizes = "the paper's sizes" if math.isnan(width) or width == paper_width else \
-        f"scaled sizes (d_model {width:.0f} = the paper's /{paper_width / width:g})"
+    sizes = (
+        "the paper's sizes"
+        if math.isnan(width) or width == paper_width
+        else f"scaled sizes (d_model {width:.0f} = the paper's /{paper_width / width:g})"
+    )
     presets = results.runs["preset"].dropna().unique() if "preset" in results.runs else []
-    data = ", ".join(f"{p} (dev {PRESETS[p].dev})" if p in PRESETS else str(p) for p in sorted(presets)) or "unknown data"
-    limits = [f"first {results.data[k]} {what} pairs" for k, what in (("max_train_pairs", "training"), ("dev_pairs", "dev"))
-              if results.data.get(k)]
+    data = (
+        ", ".join(f"{p} (dev {PRESETS[p].dev})" if p in PRESETS else str(p) for p in sorted(presets)) or "unknown data"
+    )
+    limits = [
+        f"first {results.data[k]} {what} pairs"
+        for k, what in (("max_train_pairs", "training"), ("dev_pairs", "dev"))
+        if results.data.get(k)
+    ]
     data += "".join(f", {limit}" for limit in limits) + ("" if "wmt14" in presets else ", not the paper's WMT 2014")
     ran = table.loc[table["seeds"] > 0, "seeds"]
     seeds = f"{_span(ran, str)} seed{'' if ran.max() == 1 else 's'} per row" if len(ran) else "no finished run"
     steps = f"{_steps(base['steps'])} steps (base)" if not math.isnan(base["steps"]) else "base not finished"
     bleu = "not finished" if base["seeds"] == 0 else _metric_text("bleu", base["bleu"], base["bleu_sd"])
     ppl = summary.tallies["ppl"]
-    share = f"{ppl.share:.0%} ({ppl.agree} of {ppl.judged} judged rows)" if ppl.judged else \
-        f"no verdict (fewer than 3 seeds: {count_rows(ppl.few_seeds)})"
+    share = (
+        f"{ppl.share:.0%} ({ppl.agree} of {ppl.judged} judged rows)"
+        if ppl.judged
+        else f"no verdict (fewer than 3 seeds: {count_rows(ppl.few_seeds)})"
+    )
     rho = "n/a" if math.isnan(summary.spearman_ppl) else f"{summary.spearman_ppl:.2f} over {summary.spearman_rows} rows"
-    return (f"Budget {results.budget}: {sizes}, {init_text(results.runs)}, {data}, {steps}, {seeds}. Base dev BLEU {bleu}. At the final step: "
-            f"dev-PPL changes agreeing with the paper {share}; Spearman ρ of dev PPL vs the paper's {rho}.")
+    return (
+        f"Budget {results.budget}: {sizes}, {init_text(results.runs)}, {data}, {steps}, {seeds}. Base dev BLEU {bleu}. At the final step: "
+        f"dev-PPL changes agreeing with the paper {share}; Spearman ρ of dev PPL vs the paper's {rho}."
+    )
 
 
 FORMATS = {"html": page, "tex": latex}

@@ -3,6 +3,7 @@
 With CI set and no HYPOTHESIS_PROFILE, hypothesis has already loaded its own derandomized `ci` profile;
 it is left in place. Otherwise the default is `dev`.
 """
+
 import os
 
 import pytest

@@ -6,6 +6,7 @@ The smoke budget's BPE is trained once per module that needs it (`smoke_cache`) 
 folder, so that every process finds it cached. One thread per process: the runs are bitwise reproducible on CPU
 with a fixed thread count, and the two cores of CI are shared by the processes of a test.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,9 @@ from ablations.data import ENV_VAR
 from ablations.grid import prepare_data
 
 REPO = Path(__file__).resolve().parents[1]
-REAL_DATA = Path(os.environ.get(ENV_VAR) or REPO.parent / "shared" / "data")  # where the tools look: $AIAYN_DATA, else ../shared/data
+REAL_DATA = Path(
+    os.environ.get(ENV_VAR) or REPO.parent / "shared" / "data"
+)  # where the tools look: $AIAYN_DATA, else ../shared/data
 NO_DATA = f"needs the data folder: set {ENV_VAR} or put it at ../shared/data"
 needs_data = pytest.mark.skipif(not REAL_DATA.is_dir(), reason=NO_DATA)
 # Training steps of the CLI tests: logs at 4, 8, 12, checkpoints at 8 and 12, dev perplexity at 12 (smoke budget).
@@ -56,11 +59,27 @@ def runs_folder(tmp: Path, cache: Path) -> Path:
 
 
 def ablations_argv(runs: Path, rows: str = "base", *extra: str) -> list[str]:
-    return ["run", "--budget", "smoke", "--rows", rows, "--steps", str(STEPS), "--dev-pairs", str(DEV_PAIRS), "--device", "cpu",
-            "--runs", str(runs), *extra]
+    return [
+        "run",
+        "--budget",
+        "smoke",
+        "--rows",
+        rows,
+        "--steps",
+        str(STEPS),
+        "--dev-pairs",
+        str(DEV_PAIRS),
+        "--device",
+        "cpu",
+        "--runs",
+        str(runs),
+        *extra,
+    ]
 
 
-def run_ablations(runs: Path, rows: str = "base", *extra: str, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def run_ablations(
+    runs: Path, rows: str = "base", *extra: str, launcher: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     """`python -m ablations run ...` (or under a launcher such as torchrun) on the smoke budget; output captured."""
     command = [*(launcher or (sys.executable,)), "-m", "ablations", *ablations_argv(runs, rows, *extra)]
     return subprocess.run(command, cwd=REPO, env=environment(), capture_output=True, text=True, timeout=300)
@@ -75,7 +94,9 @@ def only_run(runs: Path, seed: str = "") -> Path:
 
 def logged(directory: Path, keys: tuple[str, ...] = ("step", "loss", "lr", "dev_ppl")) -> list[dict]:
     """metrics.jsonl without the timing fields, which differ between any two runs."""
-    return [{k: r[k] for k in keys if k in r} for r in map(json.loads, (directory / R.METRICS).read_text().splitlines())]
+    return [
+        {k: r[k] for k in keys if k in r} for r in map(json.loads, (directory / R.METRICS).read_text().splitlines())
+    ]
 
 
 RESULT_KEYS = ("status", "dev_ppl", "bleu", "bleu_tokenized", "params", "steps", "tokens_seen")

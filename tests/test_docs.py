@@ -1,5 +1,6 @@
 """The README is a short front door, every link and test file named in it and in docs/ leads somewhere, and the
 generated blocks are current."""
+
 from __future__ import annotations
 
 import re
@@ -59,8 +60,9 @@ def test_readme_links_every_docs_page():
 
 def test_property_table_in_docs_is_the_one_generated_from_the_suite():
     text = (REPO / "docs" / "invariants.md").read_text()
-    assert glance.replace_block(text, "properties", glance.property_table()) == text, \
+    assert glance.replace_block(text, "properties", glance.property_table()) == text, (
         "docs/invariants.md is stale: run `nox -s report` (python -m reports)"
+    )
     assert all(f"| `{p.name}` |" in text for p in PROPERTIES)
 
 
@@ -68,7 +70,9 @@ def test_glance_block_in_readme_is_the_one_generated_from_the_committed_reports(
     text = (REPO / "README.md").read_text()
     reports = REPO / "reports"
     block = glance.glance(reports / "results", reports / "invariants", reports, REPO)
-    assert glance.replace_block(text, "glance", block) == text, "README.md is stale: run `nox -s report` (python -m reports)"
+    assert glance.replace_block(text, "glance", block) == text, (
+        "README.md is stale: run `nox -s report` (python -m reports)"
+    )
 
 
 def test_replacing_a_block_keeps_the_markers_and_the_text_around_them():

@@ -1,4 +1,5 @@
 """A built wheel, installed non-editable, runs from any working directory and finds its paths there, not in the package."""
+
 import json
 import shutil
 import subprocess
@@ -20,8 +21,13 @@ REPORT_DATA = {"results", "invariants", "figures", "table3"}  # folders of repor
 def skipped(folder: str, names: list[str]) -> list[str]:
     """Everything but sources and package data: caches, and the outputs kept beside the reports' code."""
     here = Path(folder)
-    return [n for n in names if n == "__pycache__" or (here == REPO / "reports" and n in REPORT_DATA)
-            or ((here / n).is_file() and not (n.endswith((".py", ".cpp", ".h")) or n == "table3.csv"))]
+    return [
+        n
+        for n in names
+        if n == "__pycache__"
+        or (here == REPO / "reports" and n in REPORT_DATA)
+        or ((here / n).is_file() and not (n.endswith((".py", ".cpp", ".h")) or n == "table3.csv"))
+    ]
 
 
 def source_copy(dest: Path) -> Path:
@@ -37,8 +43,23 @@ def source_copy(dest: Path) -> Path:
 def wheel(tmp_path_factory) -> Path:
     src = source_copy(tmp_path_factory.mktemp("src"))
     out = tmp_path_factory.mktemp("dist")
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
-                           "--no-index", "-w", str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(src),
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return next(out.glob("aiayn_harness-*.whl"))
 
@@ -50,19 +71,30 @@ def venv(wheel, tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(home)], check=True, timeout=120)
     python = home / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     (site / "outer_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
-                           str(wheel)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return home
 
 
 def run(venv: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(cwd)}
-    return subprocess.run([str(venv / "bin" / "python"), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [str(venv / "bin" / "python"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_the_wheel_declares_what_the_invariants_import_and_the_console_scripts(wheel):
@@ -71,7 +103,9 @@ def test_the_wheel_declares_what_the_invariants_import_and_the_console_scripts(w
         metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         scripts = zf.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert "Requires-Dist: hypothesis==" in metadata and "Requires-Dist: torch==2.13.0" in metadata
-    assert {"aiayn-invariants", "aiayn-ablations", "aiayn-reports"} <= {line.split("=")[0].strip() for line in scripts.splitlines()}
+    assert {"aiayn-invariants", "aiayn-ablations", "aiayn-reports"} <= {
+        line.split("=")[0].strip() for line in scripts.splitlines()
+    }
     kernels = [f"model/{name}_kernel.cpp" for name in ("attention", "narrow", "reorder", "loss")] + ["model/kernels.h"]
     assert "model/table3.csv" in names and set(kernels) <= set(names)
     assert "[pytest11]\naiayn-invariants = pytest_aiayn" in scripts and "pytest_aiayn.py" in names  # the pytest plugin
@@ -83,7 +117,12 @@ def test_installed_package_runs_from_a_working_directory_and_reads_its_paths_the
     where = run(venv, tmp_path, "-c", "import model, invariants; print(model.__file__, invariants.__file__)")
     assert where.returncode == 0, where.stderr
     assert str(REPO) not in where.stdout and str(venv) in where.stdout  # the installed copy, not the checkout
-    kernel_source = run(venv, tmp_path, "-c", "from model import kernel; print(all(f.is_file() for f in [*kernel.SOURCES, kernel.HEADER]))")
+    kernel_source = run(
+        venv,
+        tmp_path,
+        "-c",
+        "from model import kernel; print(all(f.is_file() for f in [*kernel.SOURCES, kernel.HEADER]))",
+    )
     assert kernel_source.stdout.strip() == "True", kernel_source.stderr  # what the kernel is built from, on first use
 
     listed = run(venv, tmp_path, "-m", "invariants", "--list")

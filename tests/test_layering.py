@@ -1,4 +1,5 @@
 """Imports flow one way: model <- invariants <- ablations/reports, and no modules import each other in a cycle."""
+
 import ast
 import re
 from pathlib import Path
@@ -48,8 +49,11 @@ def imports(module: str) -> set[str]:
 def named_in_strings(module: str) -> set[str]:
     """Project modules that a string constant in `module` names as an import path (a lazy import by name)."""
     tree = ast.parse(MODULES[module].read_text())
-    return {resolve(m[0].partition(":")[0]) for node in ast.walk(tree) if isinstance(node, ast.Constant)
-            and isinstance(node.value, str) and (m := NAMED.match(node.value))} - {None}
+    return {
+        resolve(m[0].partition(":")[0])
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and (m := NAMED.match(node.value))
+    } - {None}
 
 
 GRAPH = {module: imports(module) for module in MODULES}
@@ -85,8 +89,13 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 @pytest.mark.parametrize("lower", sorted(FORBIDDEN))
 def test_a_lower_layer_imports_no_higher_one(lower):
-    bad = [f"{module} -> {target}" for module in MODULES if module.split(".")[0] == lower
-           for target in sorted(GRAPH[module] | named_in_strings(module)) if target.split(".")[0] in FORBIDDEN[lower]]
+    bad = [
+        f"{module} -> {target}"
+        for module in MODULES
+        if module.split(".")[0] == lower
+        for target in sorted(GRAPH[module] | named_in_strings(module))
+        if target.split(".")[0] in FORBIDDEN[lower]
+    ]
     assert not bad, f"{lower}/ must not import {', '.join(sorted(FORBIDDEN[lower]))}: {bad}"
 
 
@@ -113,18 +122,35 @@ def test_no_library_module_imports_the_command_line():
     assert importers == ["ablations.slurm"]
 
 
-RUN_FILES = ("config.json", "metrics.jsonl", "final.json", "attempts.json", "checkpoint.pt", "model.pt",
-             "dev_hypotheses.txt")
+RUN_FILES = (
+    "config.json",
+    "metrics.jsonl",
+    "final.json",
+    "attempts.json",
+    "checkpoint.pt",
+    "model.pt",
+    "dev_hypotheses.txt",
+)
 
 
 def spelled(module: str, text: str) -> bool:
     """Whether a string in the code of `module` (docstrings aside: they are prose) contains `text`."""
     tree = ast.parse(MODULES[module].read_text())
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
-                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    return any(isinstance(node, ast.Constant) and isinstance(node.value, str) and text in node.value
-               and id(node) not in docstrings for node in ast.walk(tree))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return any(
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and text in node.value
+        and id(node) not in docstrings
+        for node in ast.walk(tree)
+    )
 
 
 @pytest.mark.parametrize("name", RUN_FILES)

@@ -8,6 +8,7 @@ have happened in real code; the rest are near misses, plausible bugs a person wr
 on the mutant (tests/invariants/test_mutants.py asserts it; the kill matrices in reports/invariants, at a small and
 at the base config, show all). They live by the part they break: attention, embeddings, stack, blocks.
 """
+
 from __future__ import annotations
 
 from invariants.mutants import attention, embeddings, stack  # noqa: F401  (registering them fills MUTANTS, in this order)

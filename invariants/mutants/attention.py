@@ -1,4 +1,5 @@
 """Mutants of attention: the causal and padding masks, the softmax, the 1/sqrt(d_k) scaling, the split into heads."""
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,12 @@ def _scores(q: Tensor, k: Tensor) -> Tensor:
     return q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
 
 
-@register_mutant("causal_off_by_one", bug="causal mask off by one: each target position sees the next",
-                 caught_by=CAUSAL, part="causal_mask")
+@register_mutant(
+    "causal_off_by_one",
+    bug="causal mask off by one: each target position sees the next",
+    caught_by=CAUSAL,
+    part="causal_mask",
+)
 def causal_off_by_one(queries: int, keys: int, offset: int, device=None) -> Tensor:
     """Each query also sees the next position."""
     return causal_mask(queries, keys, offset + 1, device)
@@ -29,16 +34,24 @@ def no_causal_mask(queries: int, keys: int, offset: int, device=None) -> Tensor:
     return torch.ones(queries, keys, dtype=torch.bool, device=device)
 
 
-@register_mutant("mask_after_softmax", bug="mask applied after the softmax",
-                 caught_by=("causal_future_tokens", "causal_jacobian", "softmax_rows"), part="attend")
+@register_mutant(
+    "mask_after_softmax",
+    bug="mask applied after the softmax",
+    caught_by=("causal_future_tokens", "causal_jacobian", "softmax_rows"),
+    part="attend",
+)
 def mask_after_softmax(q, k, v, allowed, need_weights):
     """Softmax over every key, then zero the masked ones: rows stop summing to 1 and the future leaks via the sum."""
     probs = torch.softmax(_scores(q, k), dim=-1) * allowed
     return probs @ v, probs if need_weights else None
 
 
-@register_mutant("softmax_wrong_axis", bug="softmax over the query axis",
-                 caught_by=("causal_future_tokens", "causal_jacobian", "softmax_rows"), part="attend")
+@register_mutant(
+    "softmax_wrong_axis",
+    bug="softmax over the query axis",
+    caught_by=("causal_future_tokens", "causal_jacobian", "softmax_rows"),
+    part="attend",
+)
 def softmax_over_queries(q, k, v, allowed, need_weights):
     """Softmax along the query axis (dim=-2) instead of the key axis."""
     scores = _scores(q, k).masked_fill(~allowed, torch.finfo(q.dtype).min)
@@ -46,8 +59,12 @@ def softmax_over_queries(q, k, v, allowed, need_weights):
     return probs @ v, probs if need_weights else None
 
 
-@register_mutant("no_attention_scaling", bug="attention logits not divided by sqrt(d_k)",
-                 caught_by=("attention_scaling",), part="attend")
+@register_mutant(
+    "no_attention_scaling",
+    bug="attention logits not divided by sqrt(d_k)",
+    caught_by=("attention_scaling",),
+    part="attend",
+)
 def unscaled_attention(q, k, v, allowed, need_weights):
     """Q K^T without the 1/sqrt(d_k), on both paths."""
     if need_weights:
@@ -55,14 +72,23 @@ def unscaled_attention(q, k, v, allowed, need_weights):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0), None
 
 
-@register_mutant("padding_mask_ignored", bug="padding mask ignored: every key visible",
-                 caught_by=("padding_probs_zero", "padding_invariance"), part="key_mask")
+@register_mutant(
+    "padding_mask_ignored",
+    bug="padding mask ignored: every key visible",
+    caught_by=("padding_probs_zero", "padding_invariance"),
+    part="key_mask",
+)
 def padding_ignored(pad: Tensor) -> Tensor:
     return torch.ones_like(pad)[:, None, None, :]
 
 
-@register_mutant("causal_everywhere", bug="causal mask also applied in the encoder and cross-attention",
-                 caught_by=("permutation_encoder", "permutation_cross_attention"), part="attend", known_bug=False)
+@register_mutant(
+    "causal_everywhere",
+    bug="causal mask also applied in the encoder and cross-attention",
+    caught_by=("permutation_encoder", "permutation_cross_attention"),
+    part="attend",
+    known_bug=False,
+)
 def causal_everywhere(q, k, v, allowed, need_weights):
     """The decoder's causal mask also applied in the encoder and in cross-attention (masks mixed up)."""
     both = allowed & causal_mask(q.size(-2), k.size(-2), 0, q.device)
@@ -70,16 +96,26 @@ def causal_everywhere(q, k, v, allowed, need_weights):
     return out, probs if need_weights else None
 
 
-@register_mutant("mask_with_neg_inf", bug="masking with -inf: NaN on a row with nothing to attend to",
-                 caught_by=("fully_padded_rows",), part="attend", known_bug=False)
+@register_mutant(
+    "mask_with_neg_inf",
+    bug="masking with -inf: NaN on a row with nothing to attend to",
+    caught_by=("fully_padded_rows",),
+    part="attend",
+    known_bug=False,
+)
 def mask_with_neg_inf(q, k, v, allowed, need_weights):
     """Masked scores set to -inf: a query with no visible key gets softmax(-inf, ..., -inf) = NaN."""
     probs = torch.softmax(_scores(q, k).masked_fill(~allowed, float("-inf")), dim=-1)
     return probs @ v, probs if need_weights else None
 
 
-@register_mutant("fast_path_ignores_mask", bug="fused attention path called without the mask",
-                 caught_by=("fast_equals_explicit", "padding_invariance"), part="attend", known_bug=False)
+@register_mutant(
+    "fast_path_ignores_mask",
+    bug="fused attention path called without the mask",
+    caught_by=("fast_equals_explicit", "padding_invariance"),
+    part="attend",
+    known_bug=False,
+)
 def fast_path_ignores_mask(q, k, v, allowed, need_weights):
     """The fused path called without the mask; the explicit path (probabilities requested) is right."""
     if need_weights:
@@ -87,8 +123,13 @@ def fast_path_ignores_mask(q, k, v, allowed, need_weights):
     return F.scaled_dot_product_attention(q, k, v), None
 
 
-@register_mutant("attention_over_d_k", bug="attention logits divided by d_k instead of sqrt(d_k)",
-                 caught_by=("attention_scaling",), part="attend", known_bug=False)
+@register_mutant(
+    "attention_over_d_k",
+    bug="attention logits divided by d_k instead of sqrt(d_k)",
+    caught_by=("attention_scaling",),
+    part="attend",
+    known_bug=False,
+)
 def attention_over_d_k(q, k, v, allowed, need_weights):
     """Q K^T / d_k: the square root forgotten, on both paths."""
     if need_weights:
@@ -96,8 +137,13 @@ def attention_over_d_k(q, k, v, allowed, need_weights):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0 / q.size(-1)), None
 
 
-@register_mutant("attention_over_sqrt_d_model", bug="attention logits divided by sqrt(d_model) instead of sqrt(d_k)",
-                 caught_by=("attention_scaling",), part="attend", known_bug=False)
+@register_mutant(
+    "attention_over_sqrt_d_model",
+    bug="attention logits divided by sqrt(d_model) instead of sqrt(d_k)",
+    caught_by=("attention_scaling",),
+    part="attend",
+    known_bug=False,
+)
 def attention_over_sqrt_d_model(q, k, v, allowed, need_weights):
     """Q K^T / sqrt(d_model) (= sqrt(h * d_k)): the model width where the head width belongs, on both paths."""
     d_model = q.size(1) * q.size(-1)
@@ -106,8 +152,12 @@ def attention_over_sqrt_d_model(q, k, v, allowed, need_weights):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0 / math.sqrt(d_model)), None
 
 
-@register_mutant("cross_attention_unmasked", bug="source padding masked in the encoder but not in cross-attention",
-                 caught_by=("padding_probs_zero", "padding_invariance"), known_bug=False)
+@register_mutant(
+    "cross_attention_unmasked",
+    bug="source padding masked in the encoder but not in cross-attention",
+    caught_by=("padding_probs_zero", "padding_invariance"),
+    known_bug=False,
+)
 class CrossAttentionUnmasked(Transformer):
     """The source padding mask reaches the encoder but not cross-attention (memory_key_padding_mask forgotten)."""
 
@@ -123,8 +173,11 @@ class HeadsByReshape(MultiHeadAttention):
         return x.reshape(B, self.h, T, -1)
 
 
-@register_mutant("heads_by_reshape", bug="heads split by a reshape to (B, h, T, d) instead of a view and a transpose",
-                 caught_by=("causal_future_tokens", "permutation_encoder"))
+@register_mutant(
+    "heads_by_reshape",
+    bug="heads split by a reshape to (B, h, T, d) instead of a view and a transpose",
+    caught_by=("causal_future_tokens", "permutation_encoder"),
+)
 class HeadsSplitByReshape(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)

@@ -2,6 +2,7 @@
 what cross-attention reads, and on which sub-layer outputs dropout acts. Each is a near miss that every earlier property
 passed; a layer's class is swapped for a subclass whose forward differs in that one step, its parameters kept.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,16 +32,21 @@ class PreLNEncoderLayer(EncoderLayer):
 class PreLNDecoderLayer(DecoderLayer):
     """A decoder layer in the pre-LN order; the last layer of the stack ends in a LayerNorm of its own (`final`)."""
 
-    def forward(self, x: Tensor, memory: Tensor, self_allowed: Tensor, cross_allowed: Tensor,
-                cache: KVCache | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, memory: Tensor, self_allowed: Tensor, cross_allowed: Tensor, cache: KVCache | None = None
+    ) -> Tensor:
         x = normalised_first(self.res_self, x, lambda h: self.self_attn(h, h, self_allowed, cache))
         x = normalised_first(self.res_cross, x, lambda h: self.cross_attn(h, memory, cross_allowed, cache))
         x = normalised_first(self.res_ffn, x, self.ffn)
         return self.final(x) if hasattr(self, "final") else x
 
 
-@register_mutant("pre_ln_blocks", bug="pre-LN blocks, x + Sublayer(LayerNorm(x)), with a final LayerNorm on each stack",
-                 caught_by=("post_ln_order",), known_bug=False)
+@register_mutant(
+    "pre_ln_blocks",
+    bug="pre-LN blocks, x + Sublayer(LayerNorm(x)), with a final LayerNorm on each stack",
+    caught_by=("post_ln_order",),
+    known_bug=False,
+)
 class PreLayerNorm(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)
@@ -53,16 +59,20 @@ class PreLayerNorm(Transformer):
 class CrossResidualFromLayerInput(DecoderLayer):
     """The cross-attention sub-layer reads the self-attention sub-layer's output but adds the layer's input back."""
 
-    def forward(self, x: Tensor, memory: Tensor, self_allowed: Tensor, cross_allowed: Tensor,
-                cache: KVCache | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, memory: Tensor, self_allowed: Tensor, cross_allowed: Tensor, cache: KVCache | None = None
+    ) -> Tensor:
         attended = self.res_self(x, self.self_attn(x, x, self_allowed, cache))
         x = self.res_cross(x, self.cross_attn(attended, memory, cross_allowed, cache))
         return self.res_ffn(x, self.ffn(x))
 
 
-@register_mutant("cross_residual_from_layer_input",
-                 bug="the cross-attention sub-layer's residual adds the decoder layer's input, not its own input",
-                 caught_by=("residual_own_input",), known_bug=False)
+@register_mutant(
+    "cross_residual_from_layer_input",
+    bug="the cross-attention sub-layer's residual adds the decoder layer's input, not its own input",
+    caught_by=("residual_own_input",),
+    known_bug=False,
+)
 class CrossResidualSkipsSelfAttention(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)
@@ -73,16 +83,25 @@ class CrossResidualSkipsSelfAttention(Transformer):
 class CrossAttentionOnDecoderStates(DecoderLayer):
     """Cross-attention whose keys and values are the decoder's own states (x, x) instead of the memory, causally masked."""
 
-    def forward(self, x: Tensor, memory: Tensor, self_allowed: Tensor, cross_allowed: Tensor,
-                cache: KVCache | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, memory: Tensor, self_allowed: Tensor, cross_allowed: Tensor, cache: KVCache | None = None
+    ) -> Tensor:
         x = self.res_self(x, self.self_attn(x, x, self_allowed, cache))
-        own = self_allowed if cache is None else torch.ones(x.size(1), x.size(1), dtype=torch.bool, device=x.device).tril()
+        own = (
+            self_allowed
+            if cache is None
+            else torch.ones(x.size(1), x.size(1), dtype=torch.bool, device=x.device).tril()
+        )
         x = self.res_cross(x, self.cross_attn(x, x, own))
         return self.res_ffn(x, self.ffn(x))
 
 
-@register_mutant("cross_attention_reads_decoder", bug="cross-attention keys and values from the decoder's states, not the encoder's output",
-                 caught_by=("source_reaches_logits", "gradients_reach_all", "padding_probs_zero"), known_bug=False)
+@register_mutant(
+    "cross_attention_reads_decoder",
+    bug="cross-attention keys and values from the decoder's states, not the encoder's output",
+    caught_by=("source_reaches_logits", "gradients_reach_all", "padding_probs_zero"),
+    known_bug=False,
+)
 class CrossAttentionReadsDecoder(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)
@@ -90,8 +109,12 @@ class CrossAttentionReadsDecoder(Transformer):
             layer.__class__ = CrossAttentionOnDecoderStates
 
 
-@register_mutant("ffn_output_not_dropped", bug="no dropout on the feed-forward sub-layers' outputs",
-                 caught_by=("dropout_every_sublayer",), known_bug=False)
+@register_mutant(
+    "ffn_output_not_dropped",
+    bug="no dropout on the feed-forward sub-layers' outputs",
+    caught_by=("dropout_every_sublayer",),
+    known_bug=False,
+)
 class FfnOutputNotDropped(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)
@@ -106,9 +129,12 @@ class DroppedTwice(Residual):
         return self.norm(x + self.dropout(self.dropout(sublayer_out)))
 
 
-@register_mutant("attention_output_dropped_twice",
-                 bug="attention sub-layer outputs dropped twice: in the attention module and again in the residual",
-                 caught_by=("dropout_every_sublayer",), known_bug=False)
+@register_mutant(
+    "attention_output_dropped_twice",
+    bug="attention sub-layer outputs dropped twice: in the attention module and again in the residual",
+    caught_by=("dropout_every_sublayer",),
+    known_bug=False,
+)
 class AttentionOutputDroppedTwice(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)

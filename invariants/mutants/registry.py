@@ -1,4 +1,5 @@
 """The mutant registry: each mutant is one bug, a broken `Parts` seam or a reference subclass, and the properties it must fail."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,8 +24,9 @@ class Mutant:
 MUTANTS: dict[str, Mutant] = {}  # filled by @register_mutant in attention.py, embeddings.py, stack.py, blocks.py
 
 
-def register_mutant(name: str, bug: str, caught_by: tuple[str, ...], part: str | None = None,
-                    known_bug: bool = True) -> Callable[[Any], Any]:
+def register_mutant(
+    name: str, bug: str, caught_by: tuple[str, ...], part: str | None = None, known_bug: bool = True
+) -> Callable[[Any], Any]:
     """Decorator registering mutant `name`: the decorated object replaces Parts.<part>, or without `part` it is a
     Transformer subclass built in the reference's place. A name registered twice is a ValueError."""
 

@@ -1,4 +1,5 @@
 """Mutants of the layers' plumbing and the objective: normalisation, dropout, residual connections, the FFN, the loss."""
+
 from __future__ import annotations
 
 import torch
@@ -12,8 +13,12 @@ from model.objective import label_smoothed_loss
 from model.transformer import Parts, Transformer
 
 
-@register_mutant("norm_across_batch", bug="normalisation over the batch and time instead of each position's features",
-                 caught_by=("batch_independence", "padding_invariance"), part="norm")
+@register_mutant(
+    "norm_across_batch",
+    bug="normalisation over the batch and time instead of each position's features",
+    caught_by=("batch_independence", "padding_invariance"),
+    part="norm",
+)
 class BatchStatisticsNorm(nn.Module):
     """Normalises each feature over batch and time (a batch norm that always uses batch statistics)."""
 
@@ -26,8 +31,7 @@ class BatchStatisticsNorm(nn.Module):
         return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
 
 
-@register_mutant("dropout_in_eval", bug="dropout left on in eval mode", caught_by=("eval_determinism",),
-                 part="dropout")
+@register_mutant("dropout_in_eval", bug="dropout left on in eval mode", caught_by=("eval_determinism",), part="dropout")
 class AlwaysDropout(nn.Dropout):
     """F.dropout(x, p, training=True): the module ignores model.eval()."""
 
@@ -35,30 +39,49 @@ class AlwaysDropout(nn.Dropout):
         return F.dropout(x, self.p, training=True)
 
 
-@register_mutant("loss_over_all_tokens", bug="label-smoothed loss averaged over all tokens, padding included",
-                 caught_by=("loss_pad_normalisation",), part="loss")
+@register_mutant(
+    "loss_over_all_tokens",
+    bug="label-smoothed loss averaged over all tokens, padding included",
+    caught_by=("loss_pad_normalisation",),
+    part="loss",
+)
 def loss_over_all_tokens(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
     """Summed over non-pad tokens but divided by every token, padding included."""
-    total = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=pad_id, label_smoothing=eps,
-                            reduction="sum")
+    total = F.cross_entropy(
+        logits.flatten(0, 1), target.flatten(), ignore_index=pad_id, label_smoothing=eps, reduction="sum"
+    )
     return total / target.numel()
 
 
-@register_mutant("dropout_never",
-                 bug="dropout called as F.dropout(x, p, training=False): never applied, also in training",
-                 caught_by=("dropout_active",), part="dropout", known_bug=False)
+@register_mutant(
+    "dropout_never",
+    bug="dropout called as F.dropout(x, p, training=False): never applied, also in training",
+    caught_by=("dropout_active",),
+    part="dropout",
+    known_bug=False,
+)
 def dropout_never(p: float) -> nn.Module:
     return nn.Identity()
 
 
-@register_mutant("dropout_keep_probability", bug="P_drop taken as the probability to keep (TensorFlow's keep_prob): 1 - P_drop dropped",
-                 caught_by=("residual_dropout",), part="dropout", known_bug=False)
+@register_mutant(
+    "dropout_keep_probability",
+    bug="P_drop taken as the probability to keep (TensorFlow's keep_prob): 1 - P_drop dropped",
+    caught_by=("residual_dropout",),
+    part="dropout",
+    known_bug=False,
+)
 def dropout_keep_probability(p: float) -> nn.Module:
     return nn.Dropout(1 - p)
 
 
-@register_mutant("dropout_detaches", bug="hand-written dropout on x.data cuts the gradient",
-                 caught_by=("gradients_reach_all",), part="dropout", known_bug=False)
+@register_mutant(
+    "dropout_detaches",
+    bug="hand-written dropout on x.data cuts the gradient",
+    caught_by=("gradients_reach_all",),
+    part="dropout",
+    known_bug=False,
+)
 class DetachingDropout(nn.Dropout):
     """A hand-written dropout on x.data: right values, but the gradient stops here in training."""
 
@@ -69,8 +92,13 @@ class DetachingDropout(nn.Dropout):
         return x.data * keep / (1 - self.p)
 
 
-@register_mutant("loss_log_of_softmax", bug="loss from log(softmax(x)): infinite at large logits",
-                 caught_by=("loss_eps_zero_is_nll",), part="loss", known_bug=False)
+@register_mutant(
+    "loss_log_of_softmax",
+    bug="loss from log(softmax(x)): infinite at large logits",
+    caught_by=("loss_eps_zero_is_nll",),
+    part="loss",
+    known_bug=False,
+)
 def loss_log_of_softmax(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
     """log(softmax(x)) instead of log_softmax(x): -inf once a probability underflows."""
     log_p = torch.log(torch.softmax(logits, dim=-1))
@@ -79,8 +107,13 @@ def loss_log_of_softmax(logits: Tensor, target: Tensor, pad_id: int, eps: float)
     return per_token[target != pad_id].mean()
 
 
-@register_mutant("loss_ignores_eps", bug="label smoothing eps never reaches the loss",
-                 caught_by=("loss_smoothed_minimum",), part="loss", known_bug=False)
+@register_mutant(
+    "loss_ignores_eps",
+    bug="label smoothing eps never reaches the loss",
+    caught_by=("loss_smoothed_minimum",),
+    part="loss",
+    known_bug=False,
+)
 def loss_ignores_eps(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
     """The config's eps_ls never reaches the loss."""
     return label_smoothed_loss(logits, target, pad_id, 0.0)
@@ -93,8 +126,12 @@ class NoResidual(Residual):
         return self.norm(self.dropout(sublayer_out))
 
 
-@register_mutant("ffn_without_residual", bug="feed-forward sub-layers without their residual connection",
-                 caught_by=("residual_paths",), known_bug=False)
+@register_mutant(
+    "ffn_without_residual",
+    bug="feed-forward sub-layers without their residual connection",
+    caught_by=("residual_paths",),
+    known_bug=False,
+)
 class FfnWithoutResidual(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)
@@ -102,8 +139,12 @@ class FfnWithoutResidual(Transformer):
             layer.res_ffn = NoResidual(cfg, parts.norm, parts.dropout)
 
 
-@register_mutant("cross_attention_without_residual", bug="decoder cross-attention without its residual connection",
-                 caught_by=("residual_paths",), known_bug=False)
+@register_mutant(
+    "cross_attention_without_residual",
+    bug="decoder cross-attention without its residual connection",
+    caught_by=("residual_paths",),
+    known_bug=False,
+)
 class CrossAttentionWithoutResidual(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)
@@ -118,8 +159,12 @@ class LinearFeedForward(FeedForward):
         return self.w_2(self.w_1(x))
 
 
-@register_mutant("ffn_without_relu", bug="feed-forward networks without their ReLU: two linear maps in a row",
-                 caught_by=("ffn_nonlinear",), known_bug=False)
+@register_mutant(
+    "ffn_without_relu",
+    bug="feed-forward networks without their ReLU: two linear maps in a row",
+    caught_by=("ffn_nonlinear",),
+    known_bug=False,
+)
 class FfnWithoutRelu(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)
@@ -127,8 +172,12 @@ class FfnWithoutRelu(Transformer):
             layer.ffn = LinearFeedForward(cfg)
 
 
-@register_mutant("decoder_ffn_without_relu", bug="the decoder's feed-forward networks without their ReLU",
-                 caught_by=("ffn_nonlinear",), known_bug=False)
+@register_mutant(
+    "decoder_ffn_without_relu",
+    bug="the decoder's feed-forward networks without their ReLU",
+    caught_by=("ffn_nonlinear",),
+    known_bug=False,
+)
 class DecoderFfnWithoutRelu(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)
@@ -136,8 +185,13 @@ class DecoderFfnWithoutRelu(Transformer):
             layer.ffn = LinearFeedForward(cfg)
 
 
-@register_mutant("no_layer_norm", bug="sub-layer connections x + Sublayer(x), the LayerNorm left out",
-                 caught_by=("layer_norm_outputs",), part="norm", known_bug=False)
+@register_mutant(
+    "no_layer_norm",
+    bug="sub-layer connections x + Sublayer(x), the LayerNorm left out",
+    caught_by=("layer_norm_outputs",),
+    part="norm",
+    known_bug=False,
+)
 def no_layer_norm(d_model: int) -> nn.Module:
     return nn.Identity()
 
@@ -164,16 +218,24 @@ def with_connections(model: Transformer, connection: type[Residual], cfg: Transf
                 setattr(layer, name, connection(cfg, parts.norm, parts.dropout))
 
 
-@register_mutant("dropout_after_residual_sum", bug="dropout on the residual sum, LayerNorm(Dropout(x + Sublayer(x)))",
-                 caught_by=("residual_dropout",), known_bug=False)
+@register_mutant(
+    "dropout_after_residual_sum",
+    bug="dropout on the residual sum, LayerNorm(Dropout(x + Sublayer(x)))",
+    caught_by=("residual_dropout",),
+    known_bug=False,
+)
 class ResidualSumDropped(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)
         with_connections(self, DropoutAfterSum, cfg, parts)
 
 
-@register_mutant("dropout_after_norm", bug="dropout after the LayerNorm, Dropout(LayerNorm(x + Sublayer(x)))",
-                 caught_by=("residual_dropout",), known_bug=False)
+@register_mutant(
+    "dropout_after_norm",
+    bug="dropout after the LayerNorm, Dropout(LayerNorm(x + Sublayer(x)))",
+    caught_by=("residual_dropout",),
+    known_bug=False,
+)
 class NormOutputDropped(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)

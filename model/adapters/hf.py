@@ -9,6 +9,7 @@ eager attention path (the fast path is SDPA), the PE table is read from the mode
 the positional embeddings of both stacks. Both libraries use biases and post-LN layers as the paper does;
 BART adds a LayerNorm on the embeddings and learns its positions.
 """
+
 from __future__ import annotations
 
 import os
@@ -95,12 +96,15 @@ class HFSeq2Seq(nn.Module):
 
     def encode(self, src: Tensor, src_pad: Tensor) -> Tensor:
         inputs = {"inputs_embeds": src} if src.is_floating_point() else {"input_ids": src}
-        out = self.encoder(**inputs, attention_mask=(~src_pad).long(), output_attentions=self._records is not None,
-                           return_dict=True)
+        out = self.encoder(
+            **inputs, attention_mask=(~src_pad).long(), output_attentions=self._records is not None, return_dict=True
+        )
         self._keep("encoder_self", out.attentions)
         return out.last_hidden_state
 
-    def decode(self, tgt: Tensor, memory: Tensor, src_pad: Tensor, tgt_pad: Tensor, cache: HFCache | None = None) -> Tensor:
+    def decode(
+        self, tgt: Tensor, memory: Tensor, src_pad: Tensor, tgt_pad: Tensor, cache: HFCache | None = None
+    ) -> Tensor:
         """With a cache, tgt holds only the new positions; earlier target keys are taken as non-pad (right padding)."""
         if tgt.is_floating_point():
             rescale = getattr(self.decoder, "embed_scale", 1.0) if DECODER_RESCALES_EMBEDS[self.family] else 1.0
@@ -110,9 +114,14 @@ class HFSeq2Seq(nn.Module):
         offset = cache.length if cache is not None else 0
         seen = torch.ones(tgt_pad.size(0), offset, dtype=torch.long, device=tgt_pad.device)
         out = self.decoder(
-            **inputs, attention_mask=torch.cat([seen, (~tgt_pad).long()], 1), encoder_hidden_states=memory,
-            encoder_attention_mask=(~src_pad).long(), past_key_values=cache.past if cache is not None else None,
-            use_cache=cache is not None, output_attentions=self._records is not None, return_dict=True,
+            **inputs,
+            attention_mask=torch.cat([seen, (~tgt_pad).long()], 1),
+            encoder_hidden_states=memory,
+            encoder_attention_mask=(~src_pad).long(),
+            past_key_values=cache.past if cache is not None else None,
+            use_cache=cache is not None,
+            output_attentions=self._records is not None,
+            return_dict=True,
         )
         self._keep("decoder_self", out.attentions)
         self._keep("cross", out.cross_attentions)
@@ -144,42 +153,70 @@ class HFSeq2Seq(nn.Module):
         """The encoder's table (BART learns a second one for the decoder; Marian's two are the same sinusoids)."""
         table = self.encoder.embed_positions
         offset = getattr(table, "offset", 0)  # BART keeps two unused rows in front
-        return table.weight[offset:offset + positions]
+        return table.weight[offset : offset + positions]
 
     def positional_encoding(self, enabled: bool) -> AbstractContextManager[None]:
         return temporarily(self, "_positions_on", enabled)
 
     def embedding_weights(self) -> dict[str, Tensor]:
-        return {"source": self.encoder.embed_tokens.weight, "target": self.decoder.embed_tokens.weight,
-                "generator": self.hf.lm_head.weight}
+        return {
+            "source": self.encoder.embed_tokens.weight,
+            "target": self.decoder.embed_tokens.weight,
+            "generator": self.hf.lm_head.weight,
+        }
 
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
-        lookups = [self.encoder.embed_tokens, self.decoder.embed_tokens, self.hf.lm_head,
-                   self.encoder.embed_positions, self.decoder.embed_positions]
+        lookups = [
+            self.encoder.embed_tokens,
+            self.decoder.embed_tokens,
+            self.hf.lm_head,
+            self.encoder.embed_positions,
+            self.decoder.embed_positions,
+        ]
         embeddings = list({id(p): p for m in lookups for p in m.parameters()}.values())
         taken = {id(p) for p in embeddings}
-        return {"embeddings": embeddings,
-                "encoder": [p for p in self.encoder.parameters() if id(p) not in taken],
-                "decoder": [p for p in self.decoder.parameters() if id(p) not in taken]}
+        return {
+            "embeddings": embeddings,
+            "encoder": [p for p in self.encoder.parameters() if id(p) not in taken],
+            "decoder": [p for p in self.decoder.parameters() if id(p) not in taken],
+        }
 
 
 def hf_config(family: str, cfg: TransformerConfig, base: dict | None = None):
     """The HF config of `family` for cfg (on top of a saved config's other fields, if given)."""
     if cfg.h * cfg.d_k != cfg.d_model or cfg.h * cfg.d_v != cfg.d_model:
-        raise ValueError(f"hf-{family} needs h*d_k == h*d_v == d_model (its heads split d_model); "
-                         f"got h={cfg.h}, d_k={cfg.d_k}, d_v={cfg.d_v}, d_model={cfg.d_model}")
+        raise ValueError(
+            f"hf-{family} needs h*d_k == h*d_v == d_model (its heads split d_model); "
+            f"got h={cfg.h}, d_k={cfg.d_k}, d_v={cfg.d_v}, d_model={cfg.d_model}"
+        )
     if family == "marian" and cfg.pe != "sinusoidal":
         raise ValueError(f"hf-marian always adds sinusoidal positions; pe={cfg.pe!r} is not available")
     if family == "bart" and (cfg.pe == "none" or not cfg.share_embeddings):
-        raise ValueError("hf-bart always learns its positions and shares its embeddings (pe='none' and "
-                         "share_embeddings=false are not available)")
+        raise ValueError(
+            "hf-bart always learns its positions and shares its embeddings (pe='none' and "
+            "share_embeddings=false are not available)"
+        )
     fields = dict(
-        vocab_size=cfg.vocab_size, d_model=cfg.d_model, encoder_layers=cfg.N, decoder_layers=cfg.N,
-        encoder_attention_heads=cfg.h, decoder_attention_heads=cfg.h, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
-        max_position_embeddings=cfg.max_len, dropout=cfg.P_drop, attention_dropout=0.0, activation_dropout=0.0,
-        activation_function="relu", pad_token_id=cfg.pad_id, decoder_start_token_id=cfg.pad_id,
-        bos_token_id=min(1, cfg.vocab_size - 1), eos_token_id=min(2, cfg.vocab_size - 1), forced_eos_token_id=None,
-        scale_embedding=True, tie_word_embeddings=cfg.share_embeddings,
+        vocab_size=cfg.vocab_size,
+        d_model=cfg.d_model,
+        encoder_layers=cfg.N,
+        decoder_layers=cfg.N,
+        encoder_attention_heads=cfg.h,
+        decoder_attention_heads=cfg.h,
+        encoder_ffn_dim=cfg.d_ff,
+        decoder_ffn_dim=cfg.d_ff,
+        max_position_embeddings=cfg.max_len,
+        dropout=cfg.P_drop,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        activation_function="relu",
+        pad_token_id=cfg.pad_id,
+        decoder_start_token_id=cfg.pad_id,
+        bos_token_id=min(1, cfg.vocab_size - 1),
+        eos_token_id=min(2, cfg.vocab_size - 1),
+        forced_eos_token_id=None,
+        scale_embedding=True,
+        tie_word_embeddings=cfg.share_embeddings,
     )
     if family == "marian":
         fields.update(share_encoder_decoder_embeddings=cfg.share_embeddings, decoder_vocab_size=cfg.vocab_size)
@@ -211,10 +248,18 @@ def transformer_config(hf_cfg) -> TransformerConfig:
     """The TransformerConfig that describes a saved HF config (d_k = d_v = d_model / h)."""
     h = hf_cfg.encoder_attention_heads
     return TransformerConfig(
-        N=hf_cfg.encoder_layers, d_model=hf_cfg.d_model, d_ff=hf_cfg.encoder_ffn_dim, h=h, d_k=hf_cfg.d_model // h,
-        d_v=hf_cfg.d_model // h, P_drop=hf_cfg.dropout, vocab_size=hf_cfg.vocab_size,
-        max_len=hf_cfg.max_position_embeddings, share_embeddings=bool(hf_cfg.tie_word_embeddings),
-        pad_id=hf_cfg.pad_token_id, pe="sinusoidal" if hf_cfg.model_type == "marian" else "learned",
+        N=hf_cfg.encoder_layers,
+        d_model=hf_cfg.d_model,
+        d_ff=hf_cfg.encoder_ffn_dim,
+        h=h,
+        d_k=hf_cfg.d_model // h,
+        d_v=hf_cfg.d_model // h,
+        P_drop=hf_cfg.dropout,
+        vocab_size=hf_cfg.vocab_size,
+        max_len=hf_cfg.max_position_embeddings,
+        share_embeddings=bool(hf_cfg.tie_word_embeddings),
+        pad_id=hf_cfg.pad_token_id,
+        pe="sinusoidal" if hf_cfg.model_type == "marian" else "learned",
     )
 
 
@@ -226,8 +271,10 @@ def build_pretrained(path: str | None, changes: dict[str, object]) -> HFSeq2Seq:
     try:
         hf_cfg = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     except OSError:
-        raise ValueError(f"{path} is neither a folder written by save_pretrained nor a hub name in the local cache "
-                         "(nothing is downloaded at run time: download it once, or save_pretrained to a folder)") from None
+        raise ValueError(
+            f"{path} is neither a folder written by save_pretrained nor a hub name in the local cache "
+            "(nothing is downloaded at run time: download it once, or save_pretrained to a folder)"
+        ) from None
     if hf_cfg.model_type not in FAMILIES:
         raise ValueError(f"{path} holds a {hf_cfg.model_type!r} model; the hf adapter knows {', '.join(FAMILIES)}")
     cfg = transformer_config(hf_cfg)
@@ -235,4 +282,3 @@ def build_pretrained(path: str | None, changes: dict[str, object]) -> HFSeq2Seq:
         return random_model(hf_cfg.model_type, cfg.replace(**changes), hf_cfg.to_dict())
     hf = FAMILIES[hf_cfg.model_type][1].from_pretrained(path, local_files_only=True, attn_implementation="sdpa")
     return HFSeq2Seq(hf, cfg)
-

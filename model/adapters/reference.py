@@ -1,4 +1,5 @@
 """The reference model as a registered adapter: `reference`, `reference:big`, `reference:base,h=4`."""
+
 from __future__ import annotations
 
 from model.config import TransformerConfig

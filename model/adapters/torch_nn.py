@@ -3,6 +3,7 @@
 It runs the harness on code nobody here wrote. Differences from the paper that stay visible in the
 checks: torch adds a final LayerNorm after the encoder and after the decoder, and has no KV cache.
 """
+
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -25,7 +26,9 @@ class TorchTransformer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         if cfg.h * cfg.d_k != cfg.d_model or cfg.h * cfg.d_v != cfg.d_model:
-            raise ValueError(f"torch.nn.Transformer needs h*d_k == h*d_v == d_model; got h={cfg.h}, d_k={cfg.d_k}, d_v={cfg.d_v}, d_model={cfg.d_model}")
+            raise ValueError(
+                f"torch.nn.Transformer needs h*d_k == h*d_v == d_model; got h={cfg.h}, d_k={cfg.d_k}, d_v={cfg.d_v}, d_model={cfg.d_model}"
+            )
         if not cfg.share_embeddings:
             raise ValueError("the torch adapter always shares its embeddings; set share_embeddings=true")
         self.config = cfg
@@ -36,8 +39,14 @@ class TorchTransformer(nn.Module):
         self.pe = PositionalEncoding(cfg)
         self.dropout = nn.Dropout(cfg.P_drop)
         self.core = nn.Transformer(
-            d_model=cfg.d_model, nhead=cfg.h, num_encoder_layers=cfg.N, num_decoder_layers=cfg.N,
-            dim_feedforward=cfg.d_ff, dropout=cfg.P_drop, batch_first=True, norm_first=False,
+            d_model=cfg.d_model,
+            nhead=cfg.h,
+            num_encoder_layers=cfg.N,
+            num_decoder_layers=cfg.N,
+            dim_feedforward=cfg.d_ff,
+            dropout=cfg.P_drop,
+            batch_first=True,
+            norm_first=False,
         )
         initialise([self.embedding.weight, *self._matrices()], [self.embedding.weight], cfg)
 
@@ -70,7 +79,12 @@ class TorchTransformer(nn.Module):
         T = x.size(1)
         causal = torch.triu(torch.ones(T, T, dtype=torch.bool, device=x.device), diagonal=1)  # True = masked
         out = self.core.decoder(
-            x, memory, tgt_mask=causal, tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad, tgt_is_causal=True
+            x,
+            memory,
+            tgt_mask=causal,
+            tgt_key_padding_mask=tgt_pad,
+            memory_key_padding_mask=src_pad,
+            tgt_is_causal=True,
         )
         return out @ self.embedding.weight.T  # tied pre-softmax linear
 

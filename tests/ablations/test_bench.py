@@ -1,4 +1,5 @@
 """The benchmark runs end to end and writes its report (speed itself is measured by `nox -s bench`, not asserted)."""
+
 import json
 from pathlib import Path
 
@@ -20,17 +21,53 @@ TINY = "N=1,d_model=32,d_ff=64,h=2,d_k=16,d_v=16,vocab_size=1000"
 @needs_data
 def test_bench_writes_markdown_and_json_for_every_variant(tmp_path):
     out = tmp_path / "new-folder" / "bench.md"  # made when the report is written
-    code = main(["--steps", "1", "--warmup", "1", "--batch-tokens", "300", "--decode-sentences", "2", "--decode-length", "6",
-                 "--extra", "2", "--decode-reps", "1", "--sizes", "base", "--vocab", "1000", "--threads", "1",
-                 "--config", TINY, "--preset", "multi30k", "--out", str(out), "--runs", str(tmp_path / "runs")])
+    code = main(
+        [
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--batch-tokens",
+            "300",
+            "--decode-sentences",
+            "2",
+            "--decode-length",
+            "6",
+            "--extra",
+            "2",
+            "--decode-reps",
+            "1",
+            "--sizes",
+            "base",
+            "--vocab",
+            "1000",
+            "--threads",
+            "1",
+            "--config",
+            TINY,
+            "--preset",
+            "multi30k",
+            "--out",
+            str(out),
+            "--runs",
+            str(tmp_path / "runs"),
+        ]
+    )
     assert code == 0
     report = json.loads(out.with_suffix(".json").read_text())
     variants = [r["variant"] for r in report["training"]]
-    assert variants[0] == "reference" and "before: all of the above" in variants and "torch.nn.Transformer adapter" in variants
+    assert (
+        variants[0] == "reference"
+        and "before: all of the above" in variants
+        and "torch.nn.Transformer adapter" in variants
+    )
     assert all(r["tgt_tokens_per_s"] > 0 and 0 < r["gemm_fraction"] for r in report["training"])
     assert [d["system"] for d in report["decoding"]][:4] == [
-        "reference", "before: attention through torch ops, no fused kernel",
-        "before: cache rows moved by torch ops (gather, then write back)", "before: cross-attention keys/values per beam"]
+        "reference",
+        "before: attention through torch ops, no fused kernel",
+        "before: cache rows moved by torch ops (gather, then write back)",
+        "before: cross-attention keys/values per beam",
+    ]
     assert "## What each speed choice changed (same run)" in out.read_text()
 
 
@@ -54,8 +91,13 @@ def test_the_strided_before_cache_keeps_cross_attention_keys_and_values_strided_
     caches = [KVCache(), StridedCrossCache()]
     with torch.no_grad():
         for cache in caches:
-            model.decode(torch.ones(2, 1, dtype=torch.long), model.encode(src, src.eq(PAD)), src.eq(PAD),
-                         torch.zeros(2, 1, dtype=torch.bool), cache)
+            model.decode(
+                torch.ones(2, 1, dtype=torch.long),
+                model.encode(src, src.eq(PAD)),
+                src.eq(PAD),
+                torch.zeros(2, 1, dtype=torch.bool),
+                cache,
+            )
     reference, strided = (cache.kv["cross.0"] for cache in caches)
     assert all(x.is_contiguous() for x in reference) and not any(x.is_contiguous() for x in strided)
     assert all(torch.equal(a, b) for a, b in zip(reference, strided))
@@ -64,9 +106,40 @@ def test_the_strided_before_cache_keeps_cross_attention_keys_and_values_strided_
 @needs_data
 def test_bench_by_cpu_time_says_so_and_leaves_out_the_thread_count_variants(tmp_path):
     out = tmp_path / "bench.md"
-    code = main(["--steps", "1", "--warmup", "0", "--batch-tokens", "300", "--decode-sentences", "2", "--decode-length", "6",
-                 "--extra", "2", "--decode-reps", "1", "--sizes", "base", "--vocab", "1000", "--threads", "1", "--clock", "cpu",
-                 "--config", TINY, "--preset", "multi30k", "--out", str(out), "--runs", str(tmp_path / "runs")])
+    code = main(
+        [
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--batch-tokens",
+            "300",
+            "--decode-sentences",
+            "2",
+            "--decode-length",
+            "6",
+            "--extra",
+            "2",
+            "--decode-reps",
+            "1",
+            "--sizes",
+            "base",
+            "--vocab",
+            "1000",
+            "--threads",
+            "1",
+            "--clock",
+            "cpu",
+            "--config",
+            TINY,
+            "--preset",
+            "multi30k",
+            "--out",
+            str(out),
+            "--runs",
+            str(tmp_path / "runs"),
+        ]
+    )
     assert code == 0
     report = json.loads(out.with_suffix(".json").read_text())
     assert not [r for r in report["training"] if "thread count" in r["variant"] or "all of the above" in r["variant"]]
@@ -109,6 +182,7 @@ def test_free_cores_are_the_cores_not_busy_now_not_the_lagging_load_average(monk
 def test_without_proc_stat_free_cores_fall_back_to_the_load_average(monkeypatch):
     def missing():
         raise OSError("no /proc/stat")
+
     monkeypatch.setattr(throughput, "cpu_times", missing)
     monkeypatch.setattr(throughput.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     monkeypatch.setattr(throughput.os, "getloadavg", lambda: (1.2, 1.0, 1.0))
@@ -118,8 +192,22 @@ def test_without_proc_stat_free_cores_fall_back_to_the_load_average(monkeypatch)
 @needs_data
 def test_profile_shares_of_training_and_beam_search_sum_to_one(tmp_path):
     out = tmp_path / "profile.md"
-    code = profiling.main(["--steps", "1", "--decode-sentences", "2", "--decode-length", "6", "--extra", "2",
-                           "--out", str(out), "--runs", str(tmp_path / "runs")])
+    code = profiling.main(
+        [
+            "--steps",
+            "1",
+            "--decode-sentences",
+            "2",
+            "--decode-length",
+            "6",
+            "--extra",
+            "2",
+            "--out",
+            str(out),
+            "--runs",
+            str(tmp_path / "runs"),
+        ]
+    )
     assert code == 0
     report = out.read_text()
     for title in ("training step", "beam search"):
@@ -131,7 +219,12 @@ def test_profile_shares_of_training_and_beam_search_sum_to_one(tmp_path):
 
 def test_profile_counts_each_kernel_of_the_reference_under_a_kind_of_its_own():
     named = {op for ops in profiling.KINDS.values() for op in ops}
-    assert {kernel.PROFILER_NAME, kernel.NARROW_PROFILER_NAME, kernel.LOSS_PROFILER_NAME, kernel.REORDER_PROFILER_NAME} <= named
+    assert {
+        kernel.PROFILER_NAME,
+        kernel.NARROW_PROFILER_NAME,
+        kernel.LOSS_PROFILER_NAME,
+        kernel.REORDER_PROFILER_NAME,
+    } <= named
 
 
 @pytest.mark.parametrize("command", [main, profiling.main], ids=["bench", "profiling"])
@@ -153,4 +246,7 @@ def test_an_output_path_it_cannot_write_is_a_one_line_error_before_any_measuring
 
 def test_a_reports_command_line_shows_absolute_paths_relative_to_the_working_directory():
     from ablations.bench import shown_args
-    assert shown_args(["--runs", str(Path.cwd().parent / "runs"), "--sizes", "scaled"]) == "--runs ../runs --sizes scaled"
+
+    assert (
+        shown_args(["--runs", str(Path.cwd().parent / "runs"), "--sizes", "scaled"]) == "--runs ../runs --sizes scaled"
+    )

@@ -1,4 +1,5 @@
 """The ablation runner's data: presets read in place, one-line errors, normalisation, held-out removal, batching."""
+
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,6 @@ from ablations.data import DataError, Pairs, data_dir, load_corpus, normalise, r
 from tests.helpers import REAL_DATA, needs_data
 
 
-
 def write_pair(root: Path, stem: str, en: list[str], de: list[str]) -> None:
     (root / stem).parent.mkdir(parents=True, exist_ok=True)
     (root / f"{stem}.en").write_text("".join(s + "\n" for s in en), encoding="utf-8")
@@ -22,8 +22,12 @@ def write_pair(root: Path, stem: str, en: list[str], de: list[str]) -> None:
 def fake_multi30k(root: Path) -> None:
     write_pair(root, "multi30k/val", ["a dev sentence"], ["ein Dev-Satz"])
     write_pair(root, "multi30k/test_2016_flickr", ["a test sentence"], ["ein Test-Satz"])
-    write_pair(root, "multi30k/train", [f"train {i}" for i in range(20)] + ["a dev sentence", "x"],
-               [f"Zug {i}" for i in range(20)] + ["anders", "ein Test-Satz"])
+    write_pair(
+        root,
+        "multi30k/train",
+        [f"train {i}" for i in range(20)] + ["a dev sentence", "x"],
+        [f"Zug {i}" for i in range(20)] + ["anders", "ein Test-Satz"],
+    )
 
 
 def test_missing_data_folder_is_one_line_naming_the_path_and_the_fix(tmp_path, monkeypatch):
@@ -47,7 +51,9 @@ def test_missing_file_names_the_file_and_the_preset(tmp_path):
 
 def test_misaligned_files_are_an_error_naming_both_line_counts(tmp_path):
     write_pair(tmp_path, "c", ["one", "two", "three"], ["eins", "zwei"])
-    with pytest.raises(DataError, match=r"c\.en has 3 lines but .*c\.de has 2; the \.en and \.de files must be line-aligned"):
+    with pytest.raises(
+        DataError, match=r"c\.en has 3 lines but .*c\.de has 2; the \.en and \.de files must be line-aligned"
+    ):
         read_pairs(tmp_path, "c", "multi30k")
 
 
@@ -82,7 +88,9 @@ def test_shuffle_is_deterministic_by_seed_and_keeps_pairs_aligned():
 
 
 def test_unknown_row_lists_the_valid_names():
-    with pytest.raises(ValueError, match=r"unknown row 'F2'; valid rows: all, base, A1, A2, A3, A4, B1.*big; groups: A, B, C, D, E"):
+    with pytest.raises(
+        ValueError, match=r"unknown row 'F2'; valid rows: all, base, A1, A2, A3, A4, B1.*big; groups: A, B, C, D, E"
+    ):
         select_rows("base,F2")
 
 
@@ -100,13 +108,20 @@ def test_the_cpu_budgets_peak_is_bases_and_scales_with_each_rows_width_as_in_eq_
     cpu = BUDGETS["cpu"]
     peaks = {row.name: row_lr_peak(row, cpu) for row in select_rows("all")}
     assert peaks["base"] == peaks["C3"] == cpu.lr_peak  # same width: the budget's own peak, exactly
-    assert peaks["C4"] == pytest.approx(cpu.lr_peak * 2**0.5) and peaks["C5"] == peaks["big"] == pytest.approx(cpu.lr_peak / 2**0.5)
+    assert peaks["C4"] == pytest.approx(cpu.lr_peak * 2**0.5) and peaks["C5"] == peaks["big"] == pytest.approx(
+        cpu.lr_peak / 2**0.5
+    )
     assert row_lr_peak(select_rows("C5")[0], BUDGETS["smoke"]) is None  # eq. (3) itself depends on d_model
 
 
-@given(lengths=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 40)), min_size=1, max_size=60),
-       max_tokens=st.integers(1, 120), seed=st.integers(0, 3))
-@example(lengths=[(3, 4), (9, 8), (4, 3), (12, 10), (5, 6), (5, 4), (7, 9), (2, 1), (30, 2), (6, 5)], max_tokens=24, seed=3)
+@given(
+    lengths=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 40)), min_size=1, max_size=60),
+    max_tokens=st.integers(1, 120),
+    seed=st.integers(0, 3),
+)
+@example(
+    lengths=[(3, 4), (9, 8), (4, 3), (12, 10), (5, 6), (5, 4), (7, 9), (2, 1), (30, 2), (6, 5)], max_tokens=24, seed=3
+)
 def test_batches_cover_every_pair_once_within_the_token_limit(lengths, max_tokens, seed):
     src_lens, tgt_lens = [s for s, _ in lengths], [t for _, t in lengths]
     batches = bucketed_batches(src_lens, tgt_lens, max_tokens, seed, epoch=0)

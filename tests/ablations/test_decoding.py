@@ -1,4 +1,5 @@
 """Beam search: the cached and full-prefix paths agree, beam 1 is greedy, the length penalty ranks as Wu et al. define."""
+
 import math
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ def random_sources(rows: int, length: int, seed: int) -> tuple[torch.Tensor, tor
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(4, TINY.vocab_size, (rows, length), generator=g)
     src[:, -1] = EOS
-    src[0, length - 3:] = torch.tensor([EOS, PAD, PAD])  # one shorter, padded source
+    src[0, length - 3 :] = torch.tensor([EOS, PAD, PAD])  # one shorter, padded source
     return src, src.eq(PAD)
 
 
@@ -30,7 +31,12 @@ def greedy(model, src, src_pad, max_new: int) -> list[list[int]]:
         tokens = [BOS]
         limit = int((~src_pad[b]).sum()) + max_new
         while len(tokens) - 1 < limit:
-            logits = model.decode(torch.tensor([tokens]), memory[b : b + 1], src_pad[b : b + 1], torch.zeros(1, len(tokens), dtype=torch.bool))
+            logits = model.decode(
+                torch.tensor([tokens]),
+                memory[b : b + 1],
+                src_pad[b : b + 1],
+                torch.zeros(1, len(tokens), dtype=torch.bool),
+            )
             logp = torch.log_softmax(logits[0, -1], -1)
             logp[PAD] = logp[BOS] = -math.inf
             nxt = int(logp.argmax())
@@ -93,7 +99,9 @@ class Scripted:
         rows = []
         for prefix in tgt.tolist():
             last = prefix[-1]
-            probs = {BOS: {A: 0.5, B: 0.4, EOS: 0.1}, A: {A: 1 / 3, B: 1 / 3, EOS: 1 / 3}, B: {EOS: 0.97, A: 0.03}}[last]
+            probs = {BOS: {A: 0.5, B: 0.4, EOS: 0.1}, A: {A: 1 / 3, B: 1 / 3, EOS: 1 / 3}, B: {EOS: 0.97, A: 0.03}}[
+                last
+            ]
             row = torch.full((6,), 1e-9)
             for tok, p in probs.items():
                 row[tok] = p

@@ -1,4 +1,5 @@
 """Data-parallel training (DDP over gloo on CPU here; NCCL on GPUs takes the same code path) and its pieces."""
+
 import shutil
 import sys
 

@@ -1,4 +1,5 @@
 """`python -m ablations.dropout_gap` scores a run's weights with dropout off (as the runner does) and on."""
+
 from __future__ import annotations
 
 import json
@@ -19,14 +20,26 @@ from tests.helpers import needs_data
 def smoke_run(runs: Path) -> tuple[Path, torch.nn.Module, list, list]:
     """A random-init run folder of the smoke budget as the runner leaves it, with model.pt, and its dev set."""
     data = prepare_data(budget("smoke"), "multi30k", data_dir(), runs)
-    cfg = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=budget("smoke").vocab_size, P_drop=0.3)
+    cfg = TransformerConfig(
+        N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=budget("smoke").vocab_size, P_drop=0.3
+    )
     torch.manual_seed(0)
     model = load_model(ModelSpec("reference").with_config(cfg))
     run = runs / "smoke" / "base-s1-0000"
     run.mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"row": "base", "seed": 1, "budget": "smoke", "preset": "multi30k",
-                                                 "model_spec": "reference", "config": cfg.to_dict(),
-                                                 "data": {"bpe": data.bpe_key}}))
+    (run / "config.json").write_text(
+        json.dumps(
+            {
+                "row": "base",
+                "seed": 1,
+                "budget": "smoke",
+                "preset": "multi30k",
+                "model_spec": "reference",
+                "config": cfg.to_dict(),
+                "data": {"bpe": data.bpe_key},
+            }
+        )
+    )
     torch.save(model.state_dict(), run / "model.pt")
     return run, model, data.dev_src, data.dev_tgt
 
@@ -66,8 +79,10 @@ def test_a_folder_that_is_not_a_run_is_a_one_line_error(tmp_path, capsys):
     assert capsys.readouterr().err.startswith(f"error: {tmp_path}: no config.json; pass a run folder")
 
 
-@pytest.mark.parametrize("text, problem", [("{bad", "is not a JSON object (damaged?)"),
-                                           ('{"row": "base", "seed": 1}', "lacks config, data.bpe")])
+@pytest.mark.parametrize(
+    "text, problem",
+    [("{bad", "is not a JSON object (damaged?)"), ('{"row": "base", "seed": 1}', "lacks config, data.bpe")],
+)
 def test_a_damaged_or_foreign_config_is_a_one_line_error_naming_the_file(tmp_path, capsys, text, problem):
     (tmp_path / "config.json").write_text(text)
     assert dropout_gap.main([str(tmp_path)]) == 2

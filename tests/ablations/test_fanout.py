@@ -3,6 +3,7 @@
 The runs folder is the only shared state: a row finished by one fan-out is skipped by the next, whichever
 executor runs it.
 """
+
 import signal
 import threading
 import time
@@ -29,8 +30,21 @@ def split_here(tmp_path, *argv: str):
 def test_each_row_and_seed_becomes_one_run_of_the_runner(tmp_path):
     _, jobs = split_here(tmp_path, "--budget", "smoke", "--rows", "B", "--seeds", "1,3", "--steps", "4")
     assert [job.name for job in jobs] == ["B1-s1", "B1-s3", "B2-s1", "B2-s3"]
-    assert jobs[1].argv == ("run", "--budget", "smoke", "--steps", "4", "--data", str(tmp_path), "--runs",
-                            str(tmp_path / "runs"), "--rows", "B1", "--seeds", "3")
+    assert jobs[1].argv == (
+        "run",
+        "--budget",
+        "smoke",
+        "--steps",
+        "4",
+        "--data",
+        str(tmp_path),
+        "--runs",
+        str(tmp_path / "runs"),
+        "--rows",
+        "B1",
+        "--seeds",
+        "3",
+    )
 
 
 def test_a_bad_run_option_is_refused_before_any_run_starts(tmp_path, capsys):
@@ -98,15 +112,30 @@ def test_a_sigterm_to_the_fan_out_alone_reaches_each_run_under_way_and_no_new_ru
 
 
 def finals(runs) -> dict:
-    return {path.parent.name: (path.stat().st_mtime_ns, R.read_json(path)["status"]) for path in (runs / "smoke").glob(f"*/{R.FINAL}")}
+    return {
+        path.parent.name: (path.stat().st_mtime_ns, R.read_json(path)["status"])
+        for path in (runs / "smoke").glob(f"*/{R.FINAL}")
+    }
 
 
 @needs_data
 @pytest.mark.slow
 def test_rows_fanned_out_finish_anywhere_and_a_finished_row_is_skipped(tmp_path_factory, capsys):
     runs = runs_folder(tmp_path_factory.mktemp("fanout"), smoke_cache(tmp_path_factory))
-    common = ["--budget", "smoke", "--steps", "4", "--dev-pairs", str(DEV_PAIRS), "--device", "cpu", "--runs", str(runs),
-              "--data", str(REAL_DATA)]
+    common = [
+        "--budget",
+        "smoke",
+        "--steps",
+        "4",
+        "--dev-pairs",
+        str(DEV_PAIRS),
+        "--device",
+        "cpu",
+        "--runs",
+        str(runs),
+        "--data",
+        str(REAL_DATA),
+    ]
 
     assert main(["--workers", "2", "--rows", "base,D1", *common]) == 0
     first = finals(runs)

@@ -1,4 +1,5 @@
 """Faults a grid that runs for days must survive: SIGKILL, broken checkpoints, half-written results, OOM, divergence."""
+
 import json
 import os
 import random
@@ -18,8 +19,19 @@ from ablations.budgets import BUDGETS
 from ablations.runs import previous_checkpoint
 from ablations.train import TrainState, make_optimizer, resume, save_checkpoint
 from model import Transformer, TransformerConfig
-from tests.helpers import (STEPS, ablations_argv, environment, logged, needs_data, only_run, result, run_ablations,
-                            runs_folder, smoke_cache, REPO)
+from tests.helpers import (
+    STEPS,
+    ablations_argv,
+    environment,
+    logged,
+    needs_data,
+    only_run,
+    result,
+    run_ablations,
+    runs_folder,
+    smoke_cache,
+    REPO,
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +42,7 @@ def cache(tmp_path_factory):
 FIRST_CHECKPOINT = BUDGETS["smoke"].checkpoint_every  # 8
 
 # --- SIGKILL at a random step -------------------------------------------------------------------------------------
+
 
 def kill_at_step(runs, step: int) -> int:
     """Start a run and SIGKILL it once its progress bar shows `step` or later; returns the step it showed."""
@@ -53,14 +66,18 @@ def kill_at_step(runs, step: int) -> int:
 def test_a_run_killed_at_a_random_step_resumes_to_the_uninterrupted_result(tmp_path, cache):
     whole = runs_folder(tmp_path / "whole", cache)
     assert run_ablations(whole).returncode == 0
-    step = random.Random().randint(FIRST_CHECKPOINT + 1, STEPS - 1)  # past the first checkpoint: resumption is exercised
+    step = random.Random().randint(
+        FIRST_CHECKPOINT + 1, STEPS - 1
+    )  # past the first checkpoint: resumption is exercised
     killed = runs_folder(tmp_path / "killed", cache)
     shown = kill_at_step(killed, step)
     directory = only_run(killed)
     assert R.status(directory) != "finished"
     resumed = run_ablations(killed)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert re.search(r"base s1: resuming from checkpoint(\.prev)?\.pt at step (8|12)\n", resumed.stderr), resumed.stderr[-3000:]
+    assert re.search(r"base s1: resuming from checkpoint(\.prev)?\.pt at step (8|12)\n", resumed.stderr), (
+        resumed.stderr[-3000:]
+    )
     # Exact: the checkpoint restores weights, Adam's moments, the RNG and the batch stream's position, and both runs
     # use one CPU thread, so the resumed run repeats the uninterrupted run's arithmetic operation for operation.
     context = f"killed at step {shown} (aimed at {step})"
@@ -154,7 +171,9 @@ while True:  # two complete versions of a large final.json, written over each ot
 
 def test_a_final_json_rewritten_or_killed_mid_write_always_reads_complete(tmp_path):
     path = tmp_path / R.FINAL
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], cwd=REPO, env=environment(), stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path)], cwd=REPO, env=environment(), stdout=subprocess.PIPE
+    )
     assert proc.stdout.readline() == b"ready\n"
     while not path.exists():
         time.sleep(0.001)
@@ -172,6 +191,7 @@ def test_a_final_json_rewritten_or_killed_mid_write_always_reads_complete(tmp_pa
 
 
 # --- out of memory and divergence: recorded, and the grid goes on -------------------------------------------------
+
 
 class FaultyModel(Transformer):
     """The reference model with a fault chosen by its depth: C1 (N=2) runs out of GPU memory, C3 (N=8) hits
@@ -193,19 +213,44 @@ def faulty_model(config: TransformerConfig) -> nn.Module:
 @needs_data
 def test_rows_that_run_out_of_memory_or_diverge_are_recorded_and_the_grid_goes_on(tmp_path, cache, capsys):
     runs = runs_folder(tmp_path, cache)
-    code = main(["run", "--budget", "smoke", "--rows", "C1,C2,C3,base", "--steps", "2", "--dev-pairs", "20", "--device", "cpu",
-                 "--runs", str(runs), "--model", "tests.ablations.test_faults:faulty_model", "--max-attempts", "1"])
+    code = main(
+        [
+            "run",
+            "--budget",
+            "smoke",
+            "--rows",
+            "C1,C2,C3,base",
+            "--steps",
+            "2",
+            "--dev-pairs",
+            "20",
+            "--device",
+            "cpu",
+            "--runs",
+            str(runs),
+            "--model",
+            "tests.ablations.test_faults:faulty_model",
+            "--max-attempts",
+            "1",
+        ]
+    )
     assert code == 1  # some rows failed
     finals = {f["row"]: f for f in map(R.read_json, (runs / "smoke").glob(f"*/{R.FINAL}"))}
-    assert {row: f["status"] for row, f in finals.items()} == {"C1": "failed", "C2": "diverged", "C3": "failed",
-                                                               "base": "finished"}
+    assert {row: f["status"] for row, f in finals.items()} == {
+        "C1": "failed",
+        "C2": "diverged",
+        "C3": "failed",
+        "base": "finished",
+    }
     assert finals["C1"]["error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     assert finals["C3"]["error"] == "RuntimeError: CUDA error: out of memory"
     assert "diverged at step 1" in finals["C2"]["error"]
     assert finals["base"]["dev_ppl"] is not None
     closing = capsys.readouterr().err.split("\n")
-    summary = "\n".join(closing[next(i for i, line in enumerate(closing) if line.startswith("4 runs:")):])
+    summary = "\n".join(closing[next(i for i, line in enumerate(closing) if line.startswith("4 runs:")) :])
     assert "4 runs: 1 finished, 1 diverged, 2 failed" in summary
-    assert re.search(r"C1 s1 failed: OutOfMemoryError: CUDA out of memory\. Tried to allocate 2\.00 GiB.*--accumulation", summary)
+    assert re.search(
+        r"C1 s1 failed: OutOfMemoryError: CUDA out of memory\. Tried to allocate 2\.00 GiB.*--accumulation", summary
+    )
     assert re.search(r"C2 s1 diverged: training diverged at step 1", summary)
     assert re.search(r"C3 s1 failed: RuntimeError: CUDA error: out of memory", summary)

@@ -73,7 +73,21 @@ def test_results_table_has_one_row_per_run_with_the_config_flattened(smoke):
     grid = smoke[0]
     table = R.results_table(grid.runs)
     assert len(table) == 20 and set(table["row"]) == {r.name for r in table3_rows()}
-    for column in ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "pe", "dev_ppl", "bleu", "params", "status"):
+    for column in (
+        "N",
+        "d_model",
+        "d_ff",
+        "h",
+        "d_k",
+        "d_v",
+        "P_drop",
+        "eps_ls",
+        "pe",
+        "dev_ppl",
+        "bleu",
+        "params",
+        "status",
+    ):
         assert column in table.columns
     assert table.set_index("row").loc["C5", "d_model"] == 1024 // 8
 

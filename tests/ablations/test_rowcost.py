@@ -1,4 +1,5 @@
 """python -m ablations.rowcost: a grid's cost per row, before it runs."""
+
 from ablations.rowcost import main
 
 

@@ -4,6 +4,7 @@ background included) finds the runs it finished and skips them.
 The expected hashes were recorded with the code of commit 825d464, before run folders had an owner of their own
 (ablations/runs.py) and before the run request became one value (ablations/options.py).
 """
+
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,23 +21,57 @@ COMMITTED = R.run_folders(REPO / "reports" / "results")  # cpu-xavier's were rec
 
 SMOKE_BPE = "6896cc7c67a06d43"  # the key of the smoke budget's BPE (the committed smoke grid's, and a fresh one's)
 SMOKE = {  # row: key, for the smoke budget, seed 1, the reference model, in the paper's order
-    "base": "9ffd5f95", "A1": "4df52a9e", "A2": "a7232da5", "A3": "f269463d", "A4": "bc43d4fc",
-    "B1": "6a5d66e5", "B2": "81e5926b", "C1": "e02b41ed", "C2": "d6551a25", "C3": "c7196061",
-    "C4": "cc1c1213", "C5": "a37140c1", "C6": "c8fefb9c", "C7": "2970b0e9", "D1": "956e6414",
-    "D2": "d92dd59a", "D3": "bbb34bfb", "D4": "8db3adce", "E1": "3bd6d798", "big": "88324b1e",
+    "base": "9ffd5f95",
+    "A1": "4df52a9e",
+    "A2": "a7232da5",
+    "A3": "f269463d",
+    "A4": "bc43d4fc",
+    "B1": "6a5d66e5",
+    "B2": "81e5926b",
+    "C1": "e02b41ed",
+    "C2": "d6551a25",
+    "C3": "c7196061",
+    "C4": "cc1c1213",
+    "C5": "a37140c1",
+    "C6": "c8fefb9c",
+    "C7": "2970b0e9",
+    "D1": "956e6414",
+    "D2": "d92dd59a",
+    "D3": "bbb34bfb",
+    "D4": "8db3adce",
+    "E1": "3bd6d798",
+    "big": "88324b1e",
 }
 # (spec, init rule, row): the cpu budget at 1000 steps and 300 dev pairs, as `python -m ablations.compare --steps 1000
 # --dev-pairs 300` trains them (the cross-check running beside this work has folders of these names)
 COMPARE = {
-    ("reference", "xavier", "base"): "9665cbbf", ("reference", "xavier", "C1"): "6d9da761", ("reference", "xavier", "C3"): "0380ab82",
-    ("reference", "paper-width", "base"): "ee9a527b", ("reference", "paper-width", "C1"): "26dff280", ("reference", "paper-width", "C3"): "0051a7c9",
-    ("reference", "normal", "base"): "8a5993d5", ("reference", "normal", "C1"): "fc0ba910", ("reference", "normal", "C3"): "8e4d8b59",
-    ("hf-marian", "xavier", "base"): "393629e1", ("hf-marian", "xavier", "C1"): "96208c21", ("hf-marian", "xavier", "C3"): "9fbc87d2",
-    ("hf-marian", "paper-width", "base"): "669dfe30", ("hf-marian", "paper-width", "C1"): "56e5f4ab", ("hf-marian", "paper-width", "C3"): "85bd4682",
-    ("hf-marian", "normal", "base"): "67113a3c", ("hf-marian", "normal", "C1"): "d689896c", ("hf-marian", "normal", "C3"): "a8c3eeeb",
-    ("torch-nn", "xavier", "base"): "de01a6ca", ("torch-nn", "xavier", "C1"): "a9f72ece", ("torch-nn", "xavier", "C3"): "b33c9ccb",
-    ("torch-nn", "paper-width", "base"): "95cb04cd", ("torch-nn", "paper-width", "C1"): "d51cb660", ("torch-nn", "paper-width", "C3"): "e06b251e",
-    ("torch-nn", "normal", "base"): "03982dfe", ("torch-nn", "normal", "C1"): "a43ca82d", ("torch-nn", "normal", "C3"): "df993964",
+    ("reference", "xavier", "base"): "9665cbbf",
+    ("reference", "xavier", "C1"): "6d9da761",
+    ("reference", "xavier", "C3"): "0380ab82",
+    ("reference", "paper-width", "base"): "ee9a527b",
+    ("reference", "paper-width", "C1"): "26dff280",
+    ("reference", "paper-width", "C3"): "0051a7c9",
+    ("reference", "normal", "base"): "8a5993d5",
+    ("reference", "normal", "C1"): "fc0ba910",
+    ("reference", "normal", "C3"): "8e4d8b59",
+    ("hf-marian", "xavier", "base"): "393629e1",
+    ("hf-marian", "xavier", "C1"): "96208c21",
+    ("hf-marian", "xavier", "C3"): "9fbc87d2",
+    ("hf-marian", "paper-width", "base"): "669dfe30",
+    ("hf-marian", "paper-width", "C1"): "56e5f4ab",
+    ("hf-marian", "paper-width", "C3"): "85bd4682",
+    ("hf-marian", "normal", "base"): "67113a3c",
+    ("hf-marian", "normal", "C1"): "d689896c",
+    ("hf-marian", "normal", "C3"): "a8c3eeeb",
+    ("torch-nn", "xavier", "base"): "de01a6ca",
+    ("torch-nn", "xavier", "C1"): "a9f72ece",
+    ("torch-nn", "xavier", "C3"): "b33c9ccb",
+    ("torch-nn", "paper-width", "base"): "95cb04cd",
+    ("torch-nn", "paper-width", "C1"): "d51cb660",
+    ("torch-nn", "paper-width", "C3"): "e06b251e",
+    ("torch-nn", "normal", "base"): "03982dfe",
+    ("torch-nn", "normal", "C1"): "a43ca82d",
+    ("torch-nn", "normal", "C3"): "df993964",
 }
 OTHERS = {  # (budget, device, accumulation, changes to the budget): row base, seed 3, reference, another BPE key
     ("short", "cuda", None, ()): "24818bd6",
@@ -51,8 +86,15 @@ def prepared(preset: str, bpe_key: str, vocab: int) -> SimpleNamespace:
     return SimpleNamespace(preset=preset, bpe_key=bpe_key, sp=SimpleNamespace(get_piece_size=lambda: vocab))
 
 
-def key(budget: Budget, row: str, seed: int, data: SimpleNamespace, spec: str = "reference", device: str = "cpu",
-        accumulation: int | None = None) -> str:
+def key(
+    budget: Budget,
+    row: str,
+    seed: int,
+    data: SimpleNamespace,
+    spec: str = "reference",
+    device: str = "cpu",
+    accumulation: int | None = None,
+) -> str:
     """The hash naming the folder of one run: the grid plans it as it plans every run."""
     table3_row = select_rows(row)[0]
     grid = Grid(budget, [table3_row], [seed], parse_spec(spec), Path("runs"), torch.device(device), accumulation)
@@ -76,7 +118,10 @@ def test_a_run_of_the_training_cross_check_keeps_its_identity(spec, init, row):
 def test_gpu_settings_accumulation_and_overrides_keep_their_identity(name, device, accumulation, changes):
     budget = BUDGETS[name].replace(**dict(changes))
     data = prepared(budget.preset, "0123456789abcdef", 37000 if budget.scale == 1 else 2000)
-    assert key(budget, "base", 3, data, device=device, accumulation=accumulation) == OTHERS[(name, device, accumulation, changes)]
+    assert (
+        key(budget, "base", 3, data, device=device, accumulation=accumulation)
+        == OTHERS[(name, device, accumulation, changes)]
+    )
 
 
 @pytest.mark.parametrize("directory", COMMITTED, ids=lambda d: f"{d.parent.parent.name}/{d.name}")

@@ -8,6 +8,7 @@ The processes are forked from the test process, which has torch and the runner i
 real OS process with its own pid, locks and signal handlers, started in a fraction of a second instead of
 the ~10 s a fresh interpreter spends importing torch on a loaded 2-core machine.
 """
+
 import multiprocessing
 import os
 import re
@@ -23,7 +24,12 @@ from ablations.train import make_optimizer
 from tests.helpers import DEV_PAIRS, logged, needs_data, result, runs_folder, smoke_cache
 
 pytestmark = [needs_data, pytest.mark.usefixtures("single_thread")]
-ROWS = ["D1", "D2", "D3", "D4"]  # four runs of base's size; two steps: the least training that logs, checkpoints, scores
+ROWS = [
+    "D1",
+    "D2",
+    "D3",
+    "D4",
+]  # four runs of base's size; two steps: the least training that logs, checkpoints, scores
 FORK = multiprocessing.get_context("fork")
 
 
@@ -34,8 +40,21 @@ def cache(tmp_path_factory):
 
 
 def argv(runs, rows=ROWS):
-    return ["run", "--budget", "smoke", "--rows", ",".join(rows), "--steps", "2", "--dev-pairs", str(DEV_PAIRS // 5),
-            "--device", "cpu", "--runs", str(runs)]
+    return [
+        "run",
+        "--budget",
+        "smoke",
+        "--rows",
+        ",".join(rows),
+        "--steps",
+        "2",
+        "--dev-pairs",
+        str(DEV_PAIRS // 5),
+        "--device",
+        "cpu",
+        "--runs",
+        str(runs),
+    ]
 
 
 def grid_process(args: list[str], log: str) -> None:
@@ -71,7 +90,9 @@ def alone(tmp_path_factory, cache):
 def wait_for(log, text: str, proc, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not log.exists() or text not in log.read_text(errors="replace"):
-        assert proc.is_alive() or (log.exists() and text in log.read_text(errors="replace")), f"{log} ended without {text!r}"
+        assert proc.is_alive() or (log.exists() and text in log.read_text(errors="replace")), (
+            f"{log} ended without {text!r}"
+        )
         assert time.monotonic() < deadline, f"no {text!r} in {log}"
         time.sleep(0.02)
 

@@ -4,6 +4,7 @@ A final.json that cannot be read as a result leaves its run unfinished: `run` se
 again, saying so; `results` and the reports skip it with a warning naming it. A checkpoint of another run is
 set aside and the run starts fresh. A corpus that is not UTF-8 is an error naming the file and the line.
 """
+
 import shutil
 
 import pytest
@@ -12,7 +13,14 @@ import torch
 from ablations import runs as R
 from ablations.__main__ import main
 from ablations.data import DataError, read_lines
-from ablations.train import ForeignCheckpoint, check_belongs, make_optimizer, read_checkpoint, save_checkpoint, TrainState
+from ablations.train import (
+    ForeignCheckpoint,
+    check_belongs,
+    make_optimizer,
+    read_checkpoint,
+    save_checkpoint,
+    TrainState,
+)
 from model import Transformer, TransformerConfig
 from reports.inputs import budget_folders, load_budget
 from tests.helpers import logged, needs_data, result, runs_folder, smoke_cache
@@ -29,7 +37,21 @@ DAMAGE = {
 
 
 def argv(runs, rows="D1,D2"):
-    return ["run", "--budget", "smoke", "--rows", rows, "--steps", "2", "--dev-pairs", "4", "--device", "cpu", "--runs", str(runs)]
+    return [
+        "run",
+        "--budget",
+        "smoke",
+        "--rows",
+        rows,
+        "--steps",
+        "2",
+        "--dev-pairs",
+        "4",
+        "--device",
+        "cpu",
+        "--runs",
+        str(runs),
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """Every option of `python -m ablations run` is checked before any work: a bad value is one line naming the
 option, the value and what is allowed, with exit status 2, and nothing is trained or written."""
+
 import errno
 import re
 
@@ -47,15 +48,19 @@ BAD = [
     (["--rows", "Z9"], r"unknown row 'Z9'; valid rows: all, base"),
     (["--model", "reference,N=1"], r"--model reference,N=1: the grid sets N per Table 3 row"),
     (["--model", "reference:big"], r"--model reference:big: the grid builds each row's own config, so the preset :big"),
-    (["--model", "tests.ablations.test_runner_flags:model_without_groups"],
-     r"--model tests\.ablations\.test_runner_flags:model_without_groups: parameter_groups\(\) raised KeyError: 'encoder'"),
+    (
+        ["--model", "tests.ablations.test_runner_flags:model_without_groups"],
+        r"--model tests\.ablations\.test_runner_flags:model_without_groups: parameter_groups\(\) raised KeyError: 'encoder'",
+    ),
 ]
 
 
 @pytest.mark.parametrize("extra, message", BAD, ids=[" ".join(a) or "empty" for a, _ in BAD])
 def test_a_bad_option_is_one_line_naming_it_and_nothing_is_written(extra, message, tmp_path, capsys):
     runs = tmp_path / "runs"
-    defaults = [x for flag, value in (("--rows", "base"), ("--device", "cpu")) if flag not in extra for x in (flag, value)]
+    defaults = [
+        x for flag, value in (("--rows", "base"), ("--device", "cpu")) if flag not in extra for x in (flag, value)
+    ]
     code = main(["run", "--runs", str(runs), *defaults, *extra])
     err = capsys.readouterr().err
     assert code == 2, err
@@ -97,7 +102,12 @@ def test_a_read_only_runs_folder_is_one_line(tmp_path, monkeypatch, capsys):
 def test_an_adapter_that_raises_on_import_is_one_line(tmp_path, capsys):
     adapter = tmp_path / "mine.py"
     adapter.write_text("raise RuntimeError('CUDA toolkit not found')\n")
-    assert main(["run", "--rows", "base", "--device", "cpu", "--runs", str(tmp_path / "runs"), "--model", f"{adapter}:make"]) == 2
+    assert (
+        main(
+            ["run", "--rows", "base", "--device", "cpu", "--runs", str(tmp_path / "runs"), "--model", f"{adapter}:make"]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "RuntimeError: CUDA toolkit not found" in err and str(adapter) in err
 
@@ -105,8 +115,22 @@ def test_an_adapter_that_raises_on_import_is_one_line(tmp_path, capsys):
 def test_a_module_adapter_that_raises_on_import_is_one_line(tmp_path, monkeypatch, capsys):
     (tmp_path / "raising_adapter.py").write_text("raise ValueError('bad install')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert main(["run", "--rows", "base", "--device", "cpu", "--runs", str(tmp_path / "runs"),
-                 "--model", "raising_adapter:make"]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "--rows",
+                "base",
+                "--device",
+                "cpu",
+                "--runs",
+                str(tmp_path / "runs"),
+                "--model",
+                "raising_adapter:make",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "ValueError: bad install" in err, err
 

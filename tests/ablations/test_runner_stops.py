@@ -5,6 +5,7 @@ exit 130 / 143 with one line saying how to resume; the resumed grid ends exactly
 (CPU, one thread). A full disk or a read-only folder (simulated: the writer raises as the OS would) is one
 line naming the path; finished results are untouched and nothing is recorded as failed.
 """
+
 import errno
 import multiprocessing
 import os
@@ -51,8 +52,23 @@ def signalling_model(config):
 
 
 def argv(runs, steps=12):
-    return ["run", "--budget", "smoke", "--rows", "D1,D2", "--steps", str(steps), "--dev-pairs", "4", "--device", "cpu",
-            "--runs", str(runs), "--model", SPEC]
+    return [
+        "run",
+        "--budget",
+        "smoke",
+        "--rows",
+        "D1,D2",
+        "--steps",
+        str(steps),
+        "--dev-pairs",
+        "4",
+        "--device",
+        "cpu",
+        "--runs",
+        str(runs),
+        "--model",
+        SPEC,
+    ]
 
 
 def grid_process(args, log, signal_at):
@@ -103,13 +119,17 @@ def last_line(log) -> str:
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_stop_signal_mid_step_checkpoints_that_step_and_a_resume_ends_as_the_uninterrupted_run(
-        signum, status, tmp_path, cache, uninterrupted):
+    signum, status, tmp_path, cache, uninterrupted
+):
     runs = runs_folder(tmp_path / "runs", cache)
     log = tmp_path / "log"
     assert finish(argv(runs), log, {"signum": signum, "step": 5}) == status
     name = signal.Signals(signum).name
-    assert re.fullmatch(rf"stopped by {name} \(D2 s1 at step 5, checkpoint saved\); finished runs are kept; "
-                        rf"resume with: python -m ablations run --budget smoke --rows D1,D2 .*--model {SPEC}", last_line(log))
+    assert re.fullmatch(
+        rf"stopped by {name} \(D2 s1 at step 5, checkpoint saved\); finished runs are kept; "
+        rf"resume with: python -m ablations run --budget smoke --rows D1,D2 .*--model {SPEC}",
+        last_line(log),
+    )
     assert "Traceback" not in log.read_text(errors="replace")
     d1, d2 = run_dirs(runs)["D1"], run_dirs(runs)["D2"]
     assert R.status(d1) == "finished" and R.status(d2) == "partial"
@@ -137,10 +157,13 @@ def test_a_stop_signal_at_a_random_moment_resumes_to_the_uninterrupted_result(tm
     assert proc.exitcode in (130, 0), log.read_text(errors="replace")[-2000:]  # 0: it had just finished
     assert "Traceback" not in log.read_text(errors="replace")
     assert finish(argv(runs), log) == 0
-    assert {row: (result(d), logged(d)) for row, d in run_dirs(runs).items()} == uninterrupted, f"stopped near step {target}"
+    assert {row: (result(d), logged(d)) for row, d in run_dirs(runs).items()} == uninterrupted, (
+        f"stopped near step {target}"
+    )
 
 
 # --- a full disk, a read-only folder ------------------------------------------------------------------------------
+
 
 def failing_writer(monkeypatch, code: int, *where: str):
     """put_bytes raising OSError(code) for the files whose path contains every one of `where`, as the OS does."""
@@ -154,14 +177,19 @@ def failing_writer(monkeypatch, code: int, *where: str):
     monkeypatch.setattr(files, "put_bytes", put_bytes)
 
 
-@pytest.mark.parametrize("code, where, target", [
-    (errno.ENOSPC, "/.config.json.tmp", "config.json"),  # before training
-    (errno.ENOSPC, "/.checkpoint.pt.tmp", "checkpoint.pt"),  # at the first checkpoint
-    (errno.ENOSPC, "/.final.json.tmp", "final.json"),  # after training and scoring
-    (errno.EROFS, "/.checkpoint.pt.tmp", "checkpoint.pt"),  # the folder became read-only
-], ids=["ENOSPC config", "ENOSPC checkpoint", "ENOSPC final", "EROFS checkpoint"])
-def test_a_full_disk_or_read_only_folder_is_one_line_and_finished_results_stay(code, where, target, tmp_path, cache,
-                                                                               monkeypatch, capsys, uninterrupted):
+@pytest.mark.parametrize(
+    "code, where, target",
+    [
+        (errno.ENOSPC, "/.config.json.tmp", "config.json"),  # before training
+        (errno.ENOSPC, "/.checkpoint.pt.tmp", "checkpoint.pt"),  # at the first checkpoint
+        (errno.ENOSPC, "/.final.json.tmp", "final.json"),  # after training and scoring
+        (errno.EROFS, "/.checkpoint.pt.tmp", "checkpoint.pt"),  # the folder became read-only
+    ],
+    ids=["ENOSPC config", "ENOSPC checkpoint", "ENOSPC final", "EROFS checkpoint"],
+)
+def test_a_full_disk_or_read_only_folder_is_one_line_and_finished_results_stay(
+    code, where, target, tmp_path, cache, monkeypatch, capsys, uninterrupted
+):
     runs = runs_folder(tmp_path / "runs", cache)
     assert main([*argv(runs, 12)[:4], "D1", *argv(runs, 12)[5:]]) == 0  # D1 finished before the disk fills
     d1 = run_dirs(runs)["D1"]
@@ -173,8 +201,11 @@ def test_a_full_disk_or_read_only_folder_is_one_line_and_finished_results_stay(c
     err = capsys.readouterr().err
     reason = os.strerror(code)
     line = last_line_of(err)
-    assert re.fullmatch(rf"error: cannot write {re.escape(str(runs))}/smoke/D2-s1-\w+/{target}: {reason} \({errno.errorcode[code]}\); "
-                        rf".*then run again \(finished runs are kept; an unfinished one resumes from its last checkpoint\)", line), line
+    assert re.fullmatch(
+        rf"error: cannot write {re.escape(str(runs))}/smoke/D2-s1-\w+/{target}: {reason} \({errno.errorcode[code]}\); "
+        rf".*then run again \(finished runs are kept; an unfinished one resumes from its last checkpoint\)",
+        line,
+    ), line
     assert "Traceback" not in err
     assert {p.name: p.read_bytes() for p in d1.iterdir()} == before
     d2 = run_dirs(runs)["D2"]
@@ -194,12 +225,33 @@ def test_a_failure_that_cannot_be_recorded_on_a_full_disk_is_one_line(tmp_path, 
     runs = runs_folder(tmp_path / "runs", cache)
     failing_writer(monkeypatch, errno.ENOSPC, R.ATTEMPTS)
     # The model builds for the check before the grid (the base row) and fails in row D2 only.
-    assert main(["run", "--budget", "smoke", "--rows", "D2", "--steps", "2", "--dev-pairs", "4", "--device", "cpu",
-                 "--runs", str(runs), "--model", "tests.ablations.test_runner_stops:fails_in_d2"]) == 1
+    assert (
+        main(
+            [
+                "run",
+                "--budget",
+                "smoke",
+                "--rows",
+                "D2",
+                "--steps",
+                "2",
+                "--dev-pairs",
+                "4",
+                "--device",
+                "cpu",
+                "--runs",
+                str(runs),
+                "--model",
+                "tests.ablations.test_runner_stops:fails_in_d2",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert re.fullmatch(r"error: cannot write \S+/D2-s1-\w+/attempts\.json: No space left on device \(ENOSPC\); .*",
-                        last_line_of(err)), last_line_of(err)
+    assert re.fullmatch(
+        r"error: cannot write \S+/D2-s1-\w+/attempts\.json: No space left on device \(ENOSPC\); .*", last_line_of(err)
+    ), last_line_of(err)
 
 
 def fails_in_d2(config):

@@ -1,4 +1,5 @@
 """Training and run bookkeeping: accumulation, checkpoints, divergence, bounded retries, the CLI's one-line errors."""
+
 import json
 import math
 
@@ -19,8 +20,9 @@ from tests.helpers import NO_DATA, REAL_DATA, needs_data
 pytestmark = pytest.mark.usefixtures("single_thread")  # see tests/conftest.py
 TINY = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=30, max_len=32, P_drop=0.0)
 # A few Multi30k pairs, a 150-token BPE and 3 steps: enough to exercise the run bookkeeping in seconds.
-TINY_BUDGET = BUDGETS["smoke"].replace(steps=3, warmup=3, max_train_pairs=200, vocab_size=150, dev_pairs=6,
-                                       log_every=1, eval_every=3, checkpoint_every=2)
+TINY_BUDGET = BUDGETS["smoke"].replace(
+    steps=3, warmup=3, max_train_pairs=200, vocab_size=150, dev_pairs=6, log_every=1, eval_every=3, checkpoint_every=2
+)
 
 
 class NanAfterTwoSteps(Transformer):
@@ -61,7 +63,9 @@ def test_accumulated_micro_batches_give_the_loss_and_gradient_of_one_batch_holdi
     split.load_state_dict(whole.state_dict())
     opt_whole, opt_split = make_optimizer(whole, torch.device("cpu")), make_optimizer(split, torch.device("cpu"))
     loss_whole = train_step(whole, whole.loss, opt_whole, [make_batch(src, tgt)], lr=1e-3)
-    loss_split = train_step(split, split.loss, opt_split, [make_batch(src[:1], tgt[:1]), make_batch(src[1:], tgt[1:])], lr=1e-3)
+    loss_split = train_step(
+        split, split.loss, opt_split, [make_batch(src[:1], tgt[:1]), make_batch(src[1:], tgt[1:])], lr=1e-3
+    )
     assert loss_split == pytest.approx(loss_whole, rel=1e-12)
     for a, b in zip(whole.parameters(), split.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-14)
@@ -75,7 +79,9 @@ def test_the_gpus_bf16_autocast_path_trains_and_scores_like_fp32_on_cpu():
     fp32, bf16 = Transformer(TINY), Transformer(TINY)
     bf16.load_state_dict(fp32.state_dict())
     loss32 = train_step(fp32, fp32.loss, make_optimizer(fp32, cpu), [make_batch(src, tgt)], lr=1e-3)
-    loss16 = train_step(bf16, bf16.loss, make_optimizer(bf16, cpu), [make_batch(src, tgt)], lr=1e-3, autocast=torch.bfloat16)
+    loss16 = train_step(
+        bf16, bf16.loss, make_optimizer(bf16, cpu), [make_batch(src, tgt)], lr=1e-3, autocast=torch.bfloat16
+    )
     # bf16 keeps 8 significant bits (relative rounding 2^-9 per operation); through one layer the loss (~3.5)
     # and the perplexity (~30) move by well under 3%, while a wrong path (no loss, logits in the wrong place) would not.
     assert loss16 == pytest.approx(loss32, rel=3e-2)
@@ -166,12 +172,15 @@ def test_a_finished_run_records_its_throughput_and_share_of_the_machines_gemm_ra
     assert 0 < final["gemm_fraction"] < 1  # model FLOPs per second over a measured fp32 GEMM rate on this CPU
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["run", "--model", "nonsense"], "error: unknown model 'nonsense'; registered: reference, torch-nn"),
-    (["run", "--rows", "base,Z9"], "error: unknown row 'Z9'; valid rows: all, base, A1"),
-    (["run", "--rows", "base", "--data", "/nowhere/at/all"], "error: data folder /nowhere/at/all not found"),
-    (["run", "--seeds", "one"], "error: --seeds 'one': give seed numbers"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "--model", "nonsense"], "error: unknown model 'nonsense'; registered: reference, torch-nn"),
+        (["run", "--rows", "base,Z9"], "error: unknown row 'Z9'; valid rows: all, base, A1"),
+        (["run", "--rows", "base", "--data", "/nowhere/at/all"], "error: data folder /nowhere/at/all not found"),
+        (["run", "--seeds", "one"], "error: --seeds 'one': give seed numbers"),
+    ],
+)
 def test_cli_errors_are_one_line_with_exit_status_2(argv, message, capsys, tmp_path):
     assert main([*argv, "--runs", str(tmp_path)]) == 2
     err = capsys.readouterr().err

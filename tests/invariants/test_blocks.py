@@ -1,5 +1,6 @@
 """The checks of a block's wiring (section 3.1 and 5.4) tell apart what their older neighbours could not: the pre-LN order
 from the paper's, a missing dropout site from a present one, and dropout inside a sub-layer from dropout on its output."""
+
 import pytest
 import torch
 

@@ -1,5 +1,6 @@
 """A member the adapter does not implement makes the checks that need it not applicable, naming the member and what to
 add; it never makes them errors. Adapters written before `encode` had to take float embeddings are the common case."""
+
 import math
 from contextlib import contextmanager
 
@@ -46,7 +47,9 @@ def test_an_adapter_whose_encode_takes_only_ids_gets_not_applicable_naming_encod
     verdicts = {r.name: r.verdict for r in results}
     assert ERROR not in verdicts.values(), {r.name: r.reason for r in results if r.verdict == ERROR}
     assert {name for name, v in verdicts.items() if v == NOT_APPLICABLE} == needing("source_embeddings")
-    assert {"embedding_scaling", "layer_norm_outputs", "residual_dropout", "ffn_nonlinear"} <= needing("source_embeddings")
+    assert {"embedding_scaling", "layer_norm_outputs", "residual_dropout", "ffn_nonlinear"} <= needing(
+        "source_embeddings"
+    )
     assert all(v == PASS for name, v in verdicts.items() if name not in needing("source_embeddings"))
     reason = next(r.reason for r in results if r.name == "embedding_scaling")
     assert reason.startswith("source_embeddings: encode(float source embeddings) raised RuntimeError: Expected tensor")
@@ -59,8 +62,10 @@ def test_attention_capture_that_raises_without_being_declared_is_not_applicable_
     assert ERROR not in verdicts.values(), {r.name: r.reason for r in results if r.verdict == ERROR}
     assert {name for name, v in verdicts.items() if v == NOT_APPLICABLE} == needing("attention_probs")
     reason = next(r.reason for r in results if r.name == "causal_future_probs")
-    assert reason.startswith("attention_probs: attention_probs() raised NotImplementedError: attention capture is not "
-                             "written yet; to be checked here, a context manager yielding a list")
+    assert reason.startswith(
+        "attention_probs: attention_probs() raised NotImplementedError: attention capture is not "
+        "written yet; to be checked here, a context manager yielding a list"
+    )
 
 
 def test_a_declared_capability_is_taken_at_its_word_and_an_undeclared_one_is_tried_once():

@@ -1,4 +1,5 @@
 """`python -m invariants`: reports on disk, the terminal table, exit status, and one-line errors."""
+
 import json
 import re
 import subprocess
@@ -29,23 +30,47 @@ def test_a_failing_model_exits_1_and_its_report_names_the_failure_and_its_replay
 
 
 def test_a_passing_model_exits_0(tmp_path):
-    assert main(["--model", f"reference,{SMALL}", "--only", "pe_exact_values,params_tied_embeddings", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                f"reference,{SMALL}",
+                "--only",
+                "pe_exact_values,params_tied_embeddings",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
 
 
 def test_strict_makes_not_applicable_exit_1_and_the_summary_line_says_why(tmp_path, capsys):
-    args = ["--model", f"reference,{SMALL},P_drop=0.0", "--only", "dropout_active,params_tied_embeddings", "--out", str(tmp_path)]
+    args = [
+        "--model",
+        f"reference,{SMALL},P_drop=0.0",
+        "--only",
+        "dropout_active,params_tied_embeddings",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(args) == 0
     assert "1 not applicable" in capsys.readouterr().out
     assert main([*args, "--strict"]) == 1
-    assert "not applicable: dropout_active (config P_drop=0.0: there is no dropout to observe)" in capsys.readouterr().out
+    assert (
+        "not applicable: dropout_active (config P_drop=0.0: there is no dropout to observe)" in capsys.readouterr().out
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model", "nope"], "unknown model 'nope'"),
-    (["--only", "no_such_property"], "unknown property no_such_property; valid: causal_future_tokens"),
-    (["--replay", "garbage", "--only", "params_base"], "is not a line @reproduce_failure"),
-    (["--seed", "3", "--profile", "ci"], "--seed has no effect under the derandomized profile ci"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "nope"], "unknown model 'nope'"),
+        (["--only", "no_such_property"], "unknown property no_such_property; valid: causal_future_tokens"),
+        (["--replay", "garbage", "--only", "params_base"], "is not a line @reproduce_failure"),
+        (["--seed", "3", "--profile", "ci"], "--seed has no effect under the derandomized profile ci"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
     assert main([*args, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -53,7 +78,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
 
 
 def test_module_entry_point_reports_a_bad_spec_in_one_line():
-    proc = subprocess.run([sys.executable, "-m", "invariants", "--model", "mutant:nope"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "invariants", "--model", "mutant:nope"], capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: model spec 'mutant:nope': unknown mutant 'nope'; valid mutants:")
     assert proc.stderr.count("\n") == 1
@@ -72,4 +99,6 @@ def test_a_report_folder_it_cannot_write_is_one_line_before_any_check_runs(tmp_p
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     assert main(["--out", str(blocker / "reports")]) == 2
-    assert capsys.readouterr().err.startswith(f"error: --out {blocker / 'reports'}: cannot write there ({blocker} is not a writable folder)")
+    assert capsys.readouterr().err.startswith(
+        f"error: --out {blocker / 'reports'}: cannot write there ({blocker} is not a writable folder)"
+    )

@@ -1,4 +1,5 @@
 """HuggingFace MarianMT and BART behind the protocol: correct models nobody here wrote pass every applicable property."""
+
 import subprocess
 import sys
 
@@ -45,11 +46,17 @@ def test_a_model_saved_with_save_pretrained_loads_as_hf_path(tmp_path):
     assert pe_exact_values(f"hf:{tmp_path}", settings=few(2)).verdict == FAIL
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("hf:no-such-org/no-such-model", "neither a folder written by save_pretrained nor a hub name in the local cache"),
-    ("hf", "hf needs a folder: hf:PATH"),
-    ("hf-marian,h=8,d_k=16", "needs h\\*d_k == h\\*d_v == d_model"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (
+            "hf:no-such-org/no-such-model",
+            "neither a folder written by save_pretrained nor a hub name in the local cache",
+        ),
+        ("hf", "hf needs a folder: hf:PATH"),
+        ("hf-marian,h=8,d_k=16", "needs h\\*d_k == h\\*d_v == d_model"),
+    ],
+)
 def test_bad_hf_specs_are_one_line(spec, message):
     with pytest.raises(SpecError, match=message) as info:
         load_model(spec)

@@ -6,6 +6,7 @@ future (padded target keys stay visible to padded queries, whose outputs nothing
 visible key gets uniform probabilities (masked with the dtype's minimum, never zeroed), and embeddings are
 initialised with unit scale, so that the base config's softmax saturates.
 """
+
 import math
 from contextlib import contextmanager
 
@@ -59,9 +60,17 @@ class Independent(nn.Module):
         if cfg.pe == "learned":
             self.learned_pe = nn.Parameter(torch.randn(cfg.max_len, d) * 0.1)
         self.register_buffer("pe", table.float(), persistent=False)
-        block = lambda kinds: nn.ModuleDict({k: Attention(cfg, k) for k in kinds} | {  # noqa: E731
-            "ff1": nn.Linear(d, cfg.d_ff), "ff2": nn.Linear(cfg.d_ff, d),
-            "norms": nn.ModuleList(nn.LayerNorm(d) for _ in range(len(kinds) + 1))})
+
+        def block(kinds):
+            return nn.ModuleDict(
+                {k: Attention(cfg, k) for k in kinds}
+                | {
+                    "ff1": nn.Linear(d, cfg.d_ff),
+                    "ff2": nn.Linear(cfg.d_ff, d),
+                    "norms": nn.ModuleList(nn.LayerNorm(d) for _ in range(len(kinds) + 1)),
+                }
+            )
+
         self.enc = nn.ModuleList(block(["encoder_self"]) for _ in range(N))
         self.dec = nn.ModuleList(block(["decoder_self", "cross"]) for _ in range(N))
 
@@ -110,7 +119,9 @@ class Independent(nn.Module):
 
     def loss(self, logits, target):
         log_p = torch.log_softmax(logits, -1)
-        per_token = -(1 - self.config.eps_ls) * log_p.gather(-1, target[..., None])[..., 0] - self.config.eps_ls * log_p.mean(-1)
+        per_token = -(1 - self.config.eps_ls) * log_p.gather(-1, target[..., None])[
+            ..., 0
+        ] - self.config.eps_ls * log_p.mean(-1)
         keep = target != self.config.pad_id
         return per_token[keep].sum() / keep.sum()
 
@@ -141,8 +152,11 @@ class Independent(nn.Module):
 
     def parameter_groups(self):
         embeddings = list({id(p): p for p in (self.src_tokens, self.tgt_tokens, self.out_tokens)}.values())
-        return {"embeddings": embeddings + ([self.learned_pe] if self.config.pe == "learned" else []),
-                "encoder": list(self.enc.parameters()), "decoder": list(self.dec.parameters())}
+        return {
+            "embeddings": embeddings + ([self.learned_pe] if self.config.pe == "learned" else []),
+            "encoder": list(self.enc.parameters()),
+            "decoder": list(self.dec.parameters()),
+        }
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -1,4 +1,5 @@
 """Every mutant is caught, every property is seen to fail, and a mutant is a model spec like any other."""
+
 import json
 
 import pytest
@@ -18,7 +19,9 @@ KILL_MATRICES = [REPORTS / "kill_matrix.json", REPORTS / "base" / "kill_matrix.j
 @pytest.mark.parametrize("name", list(MUTANTS))
 def test_mutant_fails_every_property_that_should_catch_it(name):
     spec = f"mutant:{name},{SMALL}"
-    results = [BY_NAME[prop](spec, settings=settings(settings.default, max_examples=3)) for prop in MUTANTS[name].caught_by]
+    results = [
+        BY_NAME[prop](spec, settings=settings(settings.default, max_examples=3)) for prop in MUTANTS[name].caught_by
+    ]
     missed = [r.name for r in results if r.verdict != FAIL]
     assert not missed, f"{name} passed {missed}"
 

@@ -3,6 +3,7 @@
 Each test runs pytest as a user would, in a process of its own, in a temporary project outside the repository, with
 `python -m pytest`: that puts the project first on sys.path, where its model.py would hide the harness's `model`.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,15 +34,30 @@ def doc_block(first_line: str) -> str:
 def pytest_in(project: Path, *args: str) -> subprocess.CompletedProcess:
     """`python -m pytest ARGS` in project, with the suite's default hypothesis profile (none set in the environment)."""
     env = {k: v for k, v in os.environ.items() if k not in ("HYPOTHESIS_PROFILE", "PYTHONPATH", "PYTEST_ADDOPTS")}
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=project,
-                          env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=project,
+        env={**env, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_the_plugin_is_an_entry_point_of_the_installed_package(tmp_path):
     # Asked from a folder of no project: a checkout's own *.egg-info would answer for the checkout, not the install.
-    listed = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; "
-                             "print([e.value for e in m.entry_points(group='pytest11', name='aiayn-invariants')])"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    listed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import importlib.metadata as m; "
+            "print([e.value for e in m.entry_points(group='pytest11', name='aiayn-invariants')])",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert listed.stdout.strip() == "['pytest_aiayn']", listed.stderr
 
 
@@ -57,7 +73,10 @@ def test_the_documented_project_is_green_on_the_reference_and_red_on_a_mutant(tm
     assert red.returncode == 1 and "4 failed, 32 passed" in red.stdout, red.stdout[-3000:] + red.stderr[-2000:]
     failure = red.stdout.split(" TestMyTransformer.causal_future_tokens ")[1]
     assert re.search(r"worst error [\d.]+, tolerance <= 0 \(float64; a masked key", failure)  # measured, bound, why
-    assert f"replay: aiayn-invariants --model '{tmp_path / 'model.py'}:make,{SMALL}' --only causal_future_tokens" in failure
+    assert (
+        f"replay: aiayn-invariants --model '{tmp_path / 'model.py'}:make,{SMALL}' --only causal_future_tokens"
+        in failure
+    )
 
 
 @pytest.mark.slow
@@ -72,17 +91,32 @@ def test_transformer_spec_collects_one_item_per_property_named_after_it(tmp_path
 def test_a_fail_fails_not_applicable_skips_an_error_errs_and_k_picks_properties(tmp_path):
     (tmp_path / "broken.py").write_text(
         "from model import Transformer\n\n\nclass NoLoss(Transformer):\n    def loss(self, logits, target):\n"
-        "        raise RuntimeError('loss not written yet')\n\n\ndef make(config):\n    return NoLoss(config)\n")
-    torch_nn = pytest_in(tmp_path, "-rs", "--transformer-spec", f"torch-nn,{SMALL}",
-                         "-k", "fully_padded_rows or cached_decoding or causal_future_tokens",
-                         "--hypothesis-profile", "dev", "--hypothesis-seed", "7")
+        "        raise RuntimeError('loss not written yet')\n\n\ndef make(config):\n    return NoLoss(config)\n"
+    )
+    torch_nn = pytest_in(
+        tmp_path,
+        "-rs",
+        "--transformer-spec",
+        f"torch-nn,{SMALL}",
+        "-k",
+        "fully_padded_rows or cached_decoding or causal_future_tokens",
+        "--hypothesis-profile",
+        "dev",
+        "--hypothesis-seed",
+        "7",
+    )
     assert "1 failed, 1 passed, 1 skipped, 33 deselected" in torch_nn.stdout, torch_nn.stdout[-3000:]
-    assert "cached_decoding not applicable: kv_cache: torch.nn.Transformer has no incremental decoding" in torch_nn.stdout
+    assert (
+        "cached_decoding not applicable: kv_cache: torch.nn.Transformer has no incremental decoding" in torch_nn.stdout
+    )
     assert "--only fully_padded_rows --profile dev --seed 7" in torch_nn.stdout  # the user's profile and seed
 
     broken = pytest_in(tmp_path, "--transformer-spec", f"broken.py:make,{SMALL}", "-k", "loss_eps_zero_is_nll")
     assert "1 error" in broken.stdout and broken.returncode == 1, broken.stdout[-3000:]
-    assert "loss_eps_zero_is_nll broke on" in broken.stdout and "raised RuntimeError: loss not written yet" in broken.stdout
+    assert (
+        "loss_eps_zero_is_nll broke on" in broken.stdout
+        and "raised RuntimeError: loss not written yet" in broken.stdout
+    )
 
 
 @pytest.mark.slow
@@ -100,7 +134,8 @@ def test_a_run_without_the_plugins_options_imports_nothing_of_the_harness_and_ke
         "import sys\n\nimport invariants\nimport model\nimport reports\n\n\n"
         "def test_the_names_are_the_users_and_the_harness_is_not_loaded():\n"
         "    assert model.OURS and invariants.OURS and reports.OURS\n"
-        "    assert 'torch' not in sys.modules and 'hypothesis' not in sys.modules\n")
+        "    assert 'torch' not in sys.modules and 'hypothesis' not in sys.modules\n"
+    )
     run = pytest_in(tmp_path, "-q", "-p", "no:hypothesispytest")
     assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
 

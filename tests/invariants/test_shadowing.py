@@ -2,6 +2,7 @@
 
 Each command runs in a temporary folder outside the repository, as a user's project would be.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,9 @@ def project(folder: Path, layout: str) -> Path:
 
 def run(folder: Path, *command: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run(list(command), cwd=folder, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        list(command), cwd=folder, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -44,8 +46,10 @@ def test_python_m_invariants_beside_a_users_model_stops_with_one_line_naming_it_
     shown = "./model.py" if layout == "model.py" else "./model/"
     result = run(tmp_path, sys.executable, "-m", "invariants", "--model", f"{layout}:make", "--only", "softmax_rows")
     assert result.returncode == 2
-    assert result.stderr == (f"error: {shown} shadows the harness's 'model' package; "
-                             f"run aiayn-invariants --model {layout}:make --only softmax_rows instead\n")
+    assert result.stderr == (
+        f"error: {shown} shadows the harness's 'model' package; "
+        f"run aiayn-invariants --model {layout}:make --only softmax_rows instead\n"
+    )
 
 
 @pytest.mark.parametrize("cli, args", [("ablations", ("publish", "--budget", "cpu")), ("reports", ("--out", "out"))])
@@ -53,8 +57,9 @@ def test_python_m_ablations_and_reports_beside_a_users_model_stop_with_one_line_
     (tmp_path / "model.py").write_text(ADAPTER)
     result = run(tmp_path, sys.executable, "-m", cli, *args)
     assert result.returncode == 2
-    assert result.stderr == (f"error: ./model.py shadows the harness's 'model' package; "
-                             f"run aiayn-{cli} {' '.join(args)} instead\n")
+    assert result.stderr == (
+        f"error: ./model.py shadows the harness's 'model' package; run aiayn-{cli} {' '.join(args)} instead\n"
+    )
 
 
 def test_importing_the_invariants_from_a_script_beside_a_users_model_is_an_import_error_naming_it(tmp_path):
@@ -62,8 +67,9 @@ def test_importing_the_invariants_from_a_script_beside_a_users_model_is_an_impor
     (tmp_path / "check.py").write_text("import invariants\n")
     result = run(tmp_path, sys.executable, "check.py")
     assert result.returncode == 1
-    assert result.stderr.splitlines()[-1] == ("ImportError: ./model.py shadows the harness's 'model' package; "
-                                              "rename it, or keep its folder off sys.path")
+    assert result.stderr.splitlines()[-1] == (
+        "ImportError: ./model.py shadows the harness's 'model' package; rename it, or keep its folder off sys.path"
+    )
 
 
 @pytest.mark.slow
@@ -71,8 +77,16 @@ def test_importing_the_invariants_from_a_script_beside_a_users_model_is_an_impor
 def test_the_console_script_checks_a_users_model_from_their_project(tmp_path, layout):
     project(tmp_path, layout)
     script = Path(sys.executable).parent / "aiayn-invariants"
-    result = run(tmp_path, str(script), "--model", f"{layout}:make,{SMALL}", "--only", "softmax_rows,causal_future_tokens",
-                 "--out", "out")
+    result = run(
+        tmp_path,
+        str(script),
+        "--model",
+        f"{layout}:make,{SMALL}",
+        "--only",
+        "softmax_rows,causal_future_tokens",
+        "--out",
+        "out",
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "2 pass, 0 fail" in result.stdout
 
@@ -83,9 +97,12 @@ def test_the_pytest_plugin_checks_a_users_model_from_their_project(tmp_path, lay
     project(tmp_path, layout)
     (tmp_path / "test_theirs.py").write_text(
         "from pytest_aiayn import TransformerInvariants\n\n\n"
-        f"class TestTheirs(TransformerInvariants):\n    spec = '{layout}:make,{SMALL}'\n")
+        f"class TestTheirs(TransformerInvariants):\n    spec = '{layout}:make,{SMALL}'\n"
+    )
     result = run(tmp_path, sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-k", "softmax_rows")
-    assert result.returncode == 0 and "1 passed, 35 deselected" in result.stdout, result.stdout[-3000:] + result.stderr[-2000:]
+    assert result.returncode == 0 and "1 passed, 35 deselected" in result.stdout, (
+        result.stdout[-3000:] + result.stderr[-2000:]
+    )
 
 
 @pytest.mark.slow
@@ -93,11 +110,14 @@ def test_a_users_module_imported_as_model_before_the_plugin_is_a_one_line_collec
     (tmp_path / "model.py").write_text("def make(config):\n    raise NotImplementedError\n")
     (tmp_path / "test_theirs.py").write_text(
         "import model\nfrom pytest_aiayn import TransformerInvariants\n\n\n"
-        "class TestTheirs(TransformerInvariants):\n    spec = 'model.py:make'\n")
+        "class TestTheirs(TransformerInvariants):\n    spec = 'model.py:make'\n"
+    )
     result = run(tmp_path, sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q")
     assert result.returncode == 2, result.stdout[-3000:]
-    assert (f"error: {tmp_path / 'model.py'} was imported as 'model', the name of the harness's own package; name your "
-            "model by its path (spec = 'model.py:make')") in result.stdout
+    assert (
+        f"error: {tmp_path / 'model.py'} was imported as 'model', the name of the harness's own package; name your "
+        "model by its path (spec = 'model.py:make')"
+    ) in result.stdout
 
 
 def test_a_spec_file_named_model_is_imported_by_its_path_under_a_name_of_its_own(tmp_path):
@@ -106,7 +126,8 @@ def test_a_spec_file_named_model_is_imported_by_its_path_under_a_name_of_its_own
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "model.py").write_text(
             "import dataclasses\n\nfrom model import Transformer\n\n\n@dataclasses.dataclass\nclass Options:\n"
-            f"    depth: 'int' = {len(folder)}\n\n\ndef make(config):\n    return Transformer(config)\n")
+            f"    depth: 'int' = {len(folder)}\n\n\ndef make(config):\n    return Transformer(config)\n"
+        )
     with torch.device("meta"):
         built = [load_model(f"{tmp_path / folder / 'model.py'}:make,{SMALL}") for folder in ("a", "b")]
     names = [file_module_name(tmp_path / folder / "model.py") for folder in ("a", "b")]

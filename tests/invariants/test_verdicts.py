@@ -1,5 +1,6 @@
 """The invariants suite on correct models: the reference passes everything, torch.nn.Transformer gets its
 documented verdicts, and missing capabilities are reported as not applicable with the reason."""
+
 import math
 import os
 
@@ -9,8 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from invariants import (
-    causal_future_probs, dropout_active, ffn_nonlinear, fully_padded_rows, loss_eps_zero_is_nll, loss_pad_normalisation,
-    loss_smoothed_minimum, params_table3, pe_exact_values, pe_relative_linearity, permutation_positive_control, run_suite,
+    causal_future_probs,
+    dropout_active,
+    ffn_nonlinear,
+    fully_padded_rows,
+    loss_eps_zero_is_nll,
+    loss_pad_normalisation,
+    loss_smoothed_minimum,
+    params_table3,
+    pe_exact_values,
+    pe_relative_linearity,
+    permutation_positive_control,
+    run_suite,
 )
 from invariants import tolerances as tol
 from invariants.engine import ERROR, FAIL, NOT_APPLICABLE, PASS, Property, Subject
@@ -51,7 +62,9 @@ def test_torch_nn_transformer_gets_its_documented_verdicts():
     assert verdicts(results) == expected
     by_name = {r.name: r for r in results}
     assert "no incremental decoding" in by_name["cached_decoding"].reason
-    assert by_name["fully_padded_rows"].worst_error > 0 and "non-finite gradients" in by_name["fully_padded_rows"].reason
+    assert (
+        by_name["fully_padded_rows"].worst_error > 0 and "non-finite gradients" in by_name["fully_padded_rows"].reason
+    )
     assert "attention probabilities requested" in by_name["fully_padded_rows"].reason
     assert "B1" in by_name["params_table3"].reason and "B2" in by_name["params_table3"].reason
 
@@ -156,7 +169,10 @@ def test_label_smoothing_in_each_common_convention_passes_the_loss_checks(loss):
     def factory(cfg):
         return Transformer(cfg, Parts(loss=loss))
 
-    results = [check(factory, settings=few(EXAMPLES)) for check in (loss_smoothed_minimum, loss_eps_zero_is_nll, loss_pad_normalisation)]
+    results = [
+        check(factory, settings=few(EXAMPLES))
+        for check in (loss_smoothed_minimum, loss_eps_zero_is_nll, loss_pad_normalisation)
+    ]
     assert [r.verdict for r in results] == [PASS] * 3, [r.reason for r in results]
 
 
@@ -164,7 +180,9 @@ def test_two_hot_probes_are_fixed_points_of_layer_norm_up_to_scale():
     """residual_dropout relies on it: an embedding LayerNorm before the embedding dropout keeps a probe two-hot."""
     probes = two_hot(4, 3, 16, torch.Generator().manual_seed(0))
     normalised = torch.nn.functional.layer_norm(probes, (16,))
-    assert torch.allclose(normalised * probes.abs().amax(-1, keepdim=True) / normalised.abs().amax(-1, keepdim=True), probes)
+    assert torch.allclose(
+        normalised * probes.abs().amax(-1, keepdim=True) / normalised.abs().amax(-1, keepdim=True), probes
+    )
     assert ((probes != 0).sum(-1) == 2).all() and (probes.sum(-1) == 0).all()
 
 
@@ -218,22 +236,37 @@ def test_a_model_that_builds_no_table3_row_is_not_applicable_for_table3():
 
 
 def test_a_check_that_raises_is_an_error_not_a_failure():
-    raises = Property("raises", "0 test", "raises", lambda subject, x: 1 / 0, tol.Tolerance(5, "test"), pinned=lambda s: [0])
+    raises = Property(
+        "raises", "0 test", "raises", lambda subject, x: 1 / 0, tol.Tolerance(5, "test"), pinned=lambda s: [0]
+    )
     result = raises(Subject(f"reference,{SMALL}"))
     assert result.verdict == ERROR and "ZeroDivisionError" in result.reason
 
 
-@pytest.mark.parametrize("error, at_least, violated", [
-    (0.0, False, False), (1e-3, False, True), (float("nan"), False, True),
-    (1e-3, True, False), (0.0, True, True), (float("nan"), True, True),
-])
+@pytest.mark.parametrize(
+    "error, at_least, violated",
+    [
+        (0.0, False, False),
+        (1e-3, False, True),
+        (float("nan"), False, True),
+        (1e-3, True, False),
+        (0.0, True, True),
+        (float("nan"), True, True),
+    ],
+)
 def test_tolerance_verdicts_treat_nan_as_a_violation(error, at_least, violated):
     assert tol.Tolerance(1e-3 if at_least else 0.0, "test", at_least).violated(error) == violated
 
 
 def test_a_drawn_failure_comes_with_a_replay_line_that_reproduces_it():
-    at_most_5 = Property("at_most_5", "0 test", "x <= 5", lambda subject, x: x, tol.Tolerance(5, "test"),
-                         cases=lambda subject: st.integers(0, 100))
+    at_most_5 = Property(
+        "at_most_5",
+        "0 test",
+        "x <= 5",
+        lambda subject, x: x,
+        tol.Tolerance(5, "test"),
+        cases=lambda subject: st.integers(0, 100),
+    )
     subject = Subject(f"reference,{SMALL}")
     failed = at_most_5(subject, settings=settings(max_examples=50, derandomize=False), seed=3)
     assert failed.verdict == FAIL and failed.worst_error > 5

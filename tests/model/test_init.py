@@ -1,5 +1,6 @@
 """The init rule: what each rule draws, that every shipped implementation draws by it, how a budget sets it per row,
 and the cross-check command that trains several implementations on the same batches."""
+
 import math
 import shutil
 
@@ -54,11 +55,14 @@ def test_the_tied_pre_softmax_weight_is_drawn_as_the_embedding_it_is():
     assert weights["source"].std().item() == pytest.approx(64**-0.5, rel=0.02)
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"init": "kaiming"}, "init='kaiming' must be one of xavier, normal"),
-    ({"init_width": -1}, "init_width=-1 must be 0"),
-    ({"init": "normal", "init_width": 512}, "applies to init='xavier' only"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"init": "kaiming"}, "init='kaiming' must be one of xavier, normal"),
+        ({"init_width": -1}, "init_width=-1 must be 0"),
+        ({"init": "normal", "init_width": 512}, "applies to init='xavier' only"),
+    ],
+)
 def test_a_bad_init_field_is_a_one_line_error_naming_it(changes, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         TransformerConfig(**changes)
@@ -94,8 +98,25 @@ def test_compare_trains_each_entry_on_the_same_batches_and_draws_one_curve_per_e
     runs = tmp_path / "runs"
     shutil.copytree(smoke_cache(tmp_path_factory), runs / "cache")
     out = tmp_path / "report" / "smoke"
-    argv = ["--budget", "smoke", "--rows", "C1", "--steps", "12", "--dev-pairs", "5", "--runs", str(runs),
-            "--out", str(out), "--data", str(REAL_DATA), "--models", "reference@xavier", "reference@normal"]
+    argv = [
+        "--budget",
+        "smoke",
+        "--rows",
+        "C1",
+        "--steps",
+        "12",
+        "--dev-pairs",
+        "5",
+        "--runs",
+        str(runs),
+        "--out",
+        str(out),
+        "--data",
+        str(REAL_DATA),
+        "--models",
+        "reference@xavier",
+        "reference@normal",
+    ]
     assert compare.main(argv) == 0
     found = pd.read_csv(out.with_suffix(".csv"))
     assert set(found["model"]) == {"reference@xavier", "reference@normal"}
@@ -112,8 +133,10 @@ def test_a_schedule_is_a_peak_and_a_warmup_and_anything_else_is_refused():
             compare.parse_schedule(bad)
 
 
-@pytest.mark.parametrize("ppl, expected", [(30.0, "learns"), (250.0, "plateau"), (8600.0, "collapsed"),
-                                           (float("nan"), "collapsed"), (None, "collapsed")])
+@pytest.mark.parametrize(
+    "ppl, expected",
+    [(30.0, "learns"), (250.0, "plateau"), (8600.0, "collapsed"), (float("nan"), "collapsed"), (None, "collapsed")],
+)
 def test_a_run_is_judged_by_its_last_dev_perplexity_against_the_unigram_and_uniform_ones(ppl, expected):
     assert compare.verdict(ppl, plateau=400.0, vocab=2000) == expected
 

@@ -1,5 +1,6 @@
 """The attention kernels (model/kernel.py) compute what the torch ops compute, forward and backward, and are taken only
 where they apply."""
+
 import os
 import time
 
@@ -19,7 +20,11 @@ TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}  # outputs are O(1) aver
 def qkv(B: int, h: int, T_q: int, T_k: int, d_k: int, d_v: int, dtype: torch.dtype, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, h, T_q, d_k, generator=g, dtype=dtype)
-    return q, torch.randn(B, h, T_k, d_k, generator=g, dtype=dtype), torch.randn(B, h, T_k, d_v, generator=g, dtype=dtype)
+    return (
+        q,
+        torch.randn(B, h, T_k, d_k, generator=g, dtype=dtype),
+        torch.randn(B, h, T_k, d_v, generator=g, dtype=dtype),
+    )
 
 
 @needs_kernel
@@ -73,13 +78,16 @@ def projected_heads(B: int, T: int, h: int, d: int, dtype: torch.dtype, seed: in
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("d_k, d_v", [(8, 8), (4, 4), (2, 2), (8, 4), (3, 3)])  # the narrow widths compiled in, and others
+@pytest.mark.parametrize(
+    "d_k, d_v", [(8, 8), (4, 4), (2, 2), (8, 4), (3, 3)]
+)  # the narrow widths compiled in, and others
 @pytest.mark.parametrize("T_q, T_k, causal", [(7, 9, False), (12, 12, True), (1, 17, False), (16, 16, True)])
 def test_narrow_head_kernel_gives_the_explicit_paths_outputs_and_gradients(dtype, d_k, d_v, T_q, T_k, causal):
-    (xq, q), (xk, k), (xv, v) = (projected_heads(3, T, 2, d, dtype, seed)
-                                 for seed, (T, d) in enumerate([(T_q, d_k), (T_k, d_k), (T_k, d_v)]))
+    (xq, q), (xk, k), (xv, v) = (
+        projected_heads(3, T, 2, d, dtype, seed) for seed, (T, d) in enumerate([(T_q, d_k), (T_k, d_k), (T_k, d_v)])
+    )
     pad = torch.zeros(3, T_k, dtype=torch.bool)
-    pad[1, T_k // 2:] = True
+    pad[1, T_k // 2 :] = True
     pad[2] = True  # the third row sees no key at all
     allowed = ~pad[:, None, None, :]
     if causal:
@@ -90,14 +98,19 @@ def test_narrow_head_kernel_gives_the_explicit_paths_outputs_and_gradients(dtype
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
     assert got[2].eq(0).all()
-    for want, have in zip(torch.autograd.grad(expected, (xq, xk, xv), grad), torch.autograd.grad(got, (xq, xk, xv), grad)):
+    for want, have in zip(
+        torch.autograd.grad(expected, (xq, xk, xv), grad), torch.autograd.grad(got, (xq, xk, xv), grad)
+    ):
         torch.testing.assert_close(have, want, atol=tol, rtol=tol)  # gradients are O(1) sums of O(1) products
 
 
 @needs_kernel
 def test_narrow_head_kernel_passes_torchs_numerical_gradient_check_in_float64():
     (xq, q), (xk, k), (xv, v) = (projected_heads(2, 6, 2, 8, torch.float64, seed) for seed in range(3))
-    allowed = torch.tensor([[True] * 6, [True] * 3 + [False] * 3])[:, None, None, :] & torch.ones(6, 6, dtype=torch.bool).tril()
+    allowed = (
+        torch.tensor([[True] * 6, [True] * 3 + [False] * 3])[:, None, None, :]
+        & torch.ones(6, 6, dtype=torch.bool).tril()
+    )
 
     def attention(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
         heads = [x.view(2, 6, 2, 8).transpose(1, 2) for x in (a, b, c)]
@@ -121,13 +134,18 @@ def test_narrow_head_kernel_stays_finite_where_masked_keys_or_padding_score_far_
     q = torch.zeros(1, 1, 9, 8, dtype=dtype)
     q[..., 0] = 1
     k = torch.zeros(1, 1, 9, 8, dtype=dtype)
-    k[0, 0, 0, 0], k[0, 0, 1, 0] = -big * 8**0.5, big * 8**0.5  # query 0 sees only key 0, which scores -big; key 1, +big
+    k[0, 0, 0, 0], k[0, 0, 1, 0] = (
+        -big * 8**0.5,
+        big * 8**0.5,
+    )  # query 0 sees only key 0, which scores -big; key 1, +big
     v = torch.randn(1, 1, 9, 8, generator=torch.Generator().manual_seed(0), dtype=dtype)
     causal = torch.ones(9, 9, dtype=torch.bool).tril()
     low = torch.full((1, 1, 3, 8), -2 * big / 8**0.5, dtype=dtype)  # every score -2 big, below the zeros of the padding
     for args in [(q, k, v, causal), (q[:, :, :3], low, low, torch.ones(1, 3, dtype=torch.bool))]:
         expected = explicit_attention(*args)[0]
-        got = kernel.attention(args[0].clone().requires_grad_(), *args[1:]).detach()  # with a gradient: the narrow kernel
+        got = kernel.attention(
+            args[0].clone().requires_grad_(), *args[1:]
+        ).detach()  # with a gradient: the narrow kernel
         assert got.isfinite().all()
         torch.testing.assert_close(got, expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
@@ -142,7 +160,8 @@ def test_beam_search_finds_the_same_hypotheses_with_and_without_the_kernel():
     src = torch.randint(4, 60, (5, 9))
     src[1, 6:] = PAD
     assert beam_search(reference, src, src.eq(PAD), beam=4, extra_len=12) == beam_search(
-        torch_ops, src, src.eq(PAD), beam=4, extra_len=12)
+        torch_ops, src, src.eq(PAD), beam=4, extra_len=12
+    )
 
 
 @pytest.fixture
@@ -153,7 +172,9 @@ def fresh_build(monkeypatch):
     kernel.forget()
 
 
-def test_a_kernel_that_cannot_be_built_leaves_attention_on_torch_ops_and_says_so_in_one_line(fresh_build, capsys, tmp_path):
+def test_a_kernel_that_cannot_be_built_leaves_attention_on_torch_ops_and_says_so_in_one_line(
+    fresh_build, capsys, tmp_path
+):
     import torch.utils.cpp_extension
 
     def no_ninja(**_):
@@ -222,7 +243,9 @@ def test_kernel_refuses_mismatched_shapes_instead_of_reading_past_them():
 
 
 @needs_kernel
-@pytest.mark.parametrize("index", [[0, 1, 2, 3, 4, 5], [1, 0, 2, 3, 5, 4], [1, 2, 3, 0, 4, 4], [2, 2, 2, 0, 0, 0], [5, 4, 3, 2, 1, 0]])
+@pytest.mark.parametrize(
+    "index", [[0, 1, 2, 3, 4, 5], [1, 0, 2, 3, 5, 4], [1, 2, 3, 0, 4, 4], [2, 2, 2, 0, 0, 0], [5, 4, 3, 2, 1, 0]]
+)
 def test_kernel_reorder_gives_each_row_its_source_rows_filled_positions_and_leaves_the_rest(index):
     # swaps, a cycle, duplicated sources and a reversal: a source that is itself overwritten must be read before
     buffers = [torch.randn(6, 2, 10, 8) for _ in range(3)]
@@ -296,8 +319,10 @@ def test_a_build_lock_left_by_a_stopped_build_is_cleared_once_no_build_could_tak
 
 
 def test_a_failed_build_is_reported_by_the_compilers_error_line():
-    message = ("Error building extension 'x'\n[1/2] c++ -MMD -c attention_kernel.cpp\n"
-               "attention_kernel.cpp:9:3: error: 'foo' was not declared")
+    message = (
+        "Error building extension 'x'\n[1/2] c++ -MMD -c attention_kernel.cpp\n"
+        "attention_kernel.cpp:9:3: error: 'foo' was not declared"
+    )
     assert kernel.failure_line(RuntimeError(message)) == "attention_kernel.cpp:9:3: error: 'foo' was not declared"
     no_ninja = "Ninja is required to load C++ extensions"
     assert kernel.failure_line(RuntimeError(no_ninja)) == no_ninja

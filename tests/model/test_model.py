@@ -1,4 +1,5 @@
 """The reference model: config validation, attention paths, incremental decoding."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,13 @@ def batch(seed: int = 0):
 
 @pytest.mark.parametrize(
     "field, value, message",
-    [("N", 0, "N=0"), ("d_k", -1, "d_k=-1"), ("P_drop", 1.0, "P_drop"), ("eps_ls", -0.1, "eps_ls"), ("pe", "rotary", "pe='rotary'")],
+    [
+        ("N", 0, "N=0"),
+        ("d_k", -1, "d_k=-1"),
+        ("P_drop", 1.0, "P_drop"),
+        ("eps_ls", -0.1, "eps_ls"),
+        ("pe", "rotary", "pe='rotary'"),
+    ],
 )
 def test_invalid_config_is_a_one_line_error_naming_the_field(field, value, message):
     with pytest.raises(ValueError, match=message) as info:
@@ -77,9 +84,16 @@ def test_attention_kernel_is_chosen_by_shape_on_cpu():
 def with_and_without_the_loss_kernel(test):
     """Run a loss test on label_smoothed_loss (which takes the CPU kernel where it is built: skipped where it is not)
     and on label_smoothed_loss_by_torch_ops."""
-    kernel_built = pytest.param(label_smoothed_loss, marks=pytest.mark.skipif(
-        not kernel.takes_loss(torch.zeros(1)), reason="the kernels cannot be built here (see stderr)"), id="kernel")
-    return pytest.mark.parametrize("loss", [kernel_built, pytest.param(label_smoothed_loss_by_torch_ops, id="torch-ops")])(test)
+    kernel_built = pytest.param(
+        label_smoothed_loss,
+        marks=pytest.mark.skipif(
+            not kernel.takes_loss(torch.zeros(1)), reason="the kernels cannot be built here (see stderr)"
+        ),
+        id="kernel",
+    )
+    return pytest.mark.parametrize(
+        "loss", [kernel_built, pytest.param(label_smoothed_loss_by_torch_ops, id="torch-ops")]
+    )(test)
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
@@ -157,7 +171,9 @@ def test_incremental_decoding_step_by_step_equals_one_full_forward_pass(grad):
         no_pad = torch.zeros_like(tgt, dtype=torch.bool)
         full = model.decode(tgt, memory, src_pad, no_pad)
         cache = model.new_cache()
-        steps = [model.decode(tgt[:, t : t + 1], memory, src_pad, no_pad[:, t : t + 1], cache) for t in range(tgt.size(1))]
+        steps = [
+            model.decode(tgt[:, t : t + 1], memory, src_pad, no_pad[:, t : t + 1], cache) for t in range(tgt.size(1))
+        ]
     # float64: the two orders of summation agree to ~1e-15; 1e-10 leaves room for accumulation.
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-10, rtol=1e-10)
 

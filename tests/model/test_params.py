@@ -1,4 +1,5 @@
 """Parameter counts against the paper's Table 3 (params x10^6 column)."""
+
 import pytest
 import torch
 
@@ -16,7 +17,22 @@ def counted(cfg: TransformerConfig) -> int:
 
 def test_table3_has_the_papers_twenty_rows_in_order():
     names = [row.name for row in table3_rows()]
-    assert names == ["base", "A1", "A2", "A3", "A4", "B1", "B2", *[f"C{i}" for i in range(1, 8)], "D1", "D2", "D3", "D4", "E1", "big"]
+    assert names == [
+        "base",
+        "A1",
+        "A2",
+        "A3",
+        "A4",
+        "B1",
+        "B2",
+        *[f"C{i}" for i in range(1, 8)],
+        "D1",
+        "D2",
+        "D3",
+        "D4",
+        "E1",
+        "big",
+    ]
 
 
 def test_base_with_a_37000_token_vocabulary_is_within_5_percent_of_65M():

@@ -1,4 +1,5 @@
 """Model specs: registered names, presets, overrides, user adapters, and one-line errors."""
+
 import json
 import subprocess
 import sys
@@ -43,11 +44,13 @@ def test_torch_adapter_satisfies_the_protocol():
 
 def test_user_adapter_from_a_file(tmp_path):
     path = tmp_path / "mine.py"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         from model import Transformer
         def make(config):
             return Transformer(config.replace(N=1))
-    """))
+    """)
+    )
     model = load_model(f"{path}:make,d_model=16,d_ff=32,h=2,d_k=8,d_v=8,vocab_size=40")
     assert model.config.N == 1 and model.config.d_model == 16
 
@@ -93,10 +96,12 @@ def test_factory_that_does_not_take_the_config_is_told_its_signature(tmp_path):
 
 def test_a_factory_wrapped_by_a_decorator_that_supplies_its_arguments_is_accepted(tmp_path):
     path = tmp_path / "wrapped.py"
-    path.write_text("import functools\nfrom model import Transformer\n\n"
-                    "def with_defaults(build):\n    @functools.wraps(build)\n"
-                    "    def factory(config):\n        return build(config, 'cpu')\n    return factory\n\n"
-                    "@with_defaults\ndef make(config, device):\n    return Transformer(config.replace(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8))\n")
+    path.write_text(
+        "import functools\nfrom model import Transformer\n\n"
+        "def with_defaults(build):\n    @functools.wraps(build)\n"
+        "    def factory(config):\n        return build(config, 'cpu')\n    return factory\n\n"
+        "@with_defaults\ndef make(config, device):\n    return Transformer(config.replace(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8))\n"
+    )
     assert load_model(f"{path}:make").config.N == 1
 
 
@@ -133,8 +138,10 @@ def test_documented_worked_adapter_loads_and_runs(tmp_path):
 def test_an_adapter_file_is_imported_once_however_many_models_it_builds(tmp_path):
     log = tmp_path / "imports.log"
     path = tmp_path / "counted.py"
-    path.write_text(f"from model import Transformer\nwith open({str(log)!r}, 'a') as f:\n    f.write('imported\\n')\n"
-                    "def make(config):\n    return Transformer(config)\n")
+    path.write_text(
+        f"from model import Transformer\nwith open({str(log)!r}, 'a') as f:\n    f.write('imported\\n')\n"
+        "def make(config):\n    return Transformer(config)\n"
+    )
     with torch.device("meta"):
         for n in (1, 2, 3):
             load_model(f"{path}:make,{SMALL},N={n}")
@@ -161,10 +168,12 @@ def test_protocol_members_are_read_from_the_protocol_class():
 
 
 def test_mutants_are_registered_by_the_invariants_not_named_by_the_model_layer():
-    code = ("import sys; sys.modules['transformers'] = None  # the hf adapter is skipped (it registers no mutant)\n"
-            "from model.registry import registered\nassert 'mutant' not in registered()\n"
-            "import invariants\nfrom model import load_model\nload_model('mutant:no_causal_mask,N=1,d_model=16,d_ff=32,h=2,d_k=8,d_v=8,vocab_size=40')\n"
-            "print(registered()['mutant'].build.__module__)")
+    code = (
+        "import sys; sys.modules['transformers'] = None  # the hf adapter is skipped (it registers no mutant)\n"
+        "from model.registry import registered\nassert 'mutant' not in registered()\n"
+        "import invariants\nfrom model import load_model\nload_model('mutant:no_causal_mask,N=1,d_model=16,d_ff=32,h=2,d_k=8,d_v=8,vocab_size=40')\n"
+        "print(registered()['mutant'].build.__module__)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "invariants.mutants"

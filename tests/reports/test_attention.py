@@ -3,6 +3,7 @@
 The model is random-init (what is drawn must be the model's own attention, trained or not), saved as model.pt or as
 the runner's checkpoint.pt; the BPE is trained on a few sentences into the runner's cache name.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,12 +22,22 @@ from model import ModelSpec, TransformerConfig, load_model
 from reports import attention
 from reports.inputs import MissingInput
 
-EN = ["A boy wearing headphones sits on a woman's shoulders.", "A man sleeping in a green room on a couch.",
-      "Two young men are playing soccer on a green field.", "A group of men are loading cotton onto a truck.",
-      "A little girl climbs into a wooden playhouse.", "A woman wearing a hat sits on a bench."] * 3
-DE = ["Ein Junge mit Kopfhörern sitzt auf den Schultern einer Frau.", "Ein Mann schläft in einem grünen Raum.",
-      "Zwei junge Männer spielen Fußball auf einem grünen Feld.", "Eine Gruppe von Männern lädt Baumwolle.",
-      "Ein kleines Mädchen klettert in ein Spielhaus.", "Eine Frau mit Hut sitzt auf einer Bank."] * 3
+EN = [
+    "A boy wearing headphones sits on a woman's shoulders.",
+    "A man sleeping in a green room on a couch.",
+    "Two young men are playing soccer on a green field.",
+    "A group of men are loading cotton onto a truck.",
+    "A little girl climbs into a wooden playhouse.",
+    "A woman wearing a hat sits on a bench.",
+] * 3
+DE = [
+    "Ein Junge mit Kopfhörern sitzt auf den Schultern einer Frau.",
+    "Ein Mann schläft in einem grünen Raum.",
+    "Zwei junge Männer spielen Fußball auf einem grünen Feld.",
+    "Eine Gruppe von Männern lädt Baumwolle.",
+    "Ein kleines Mädchen klettert in ein Spielhaus.",
+    "Eine Frau mit Hut sitzt auf einer Bank.",
+] * 3
 N, H = 3, 4
 
 
@@ -45,8 +56,11 @@ def publish(folder: Path, bpe: Path, weights: str = "model.pt", seed: int = 1) -
     model = load_model(ModelSpec("reference").with_config(cfg)).eval()
     run = folder / "runs" / f"base-s{seed}-0000"
     run.mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"row": "base", "seed": seed, "model_spec": "reference",
-                                                 "config": cfg.to_dict(), "data": {"bpe": key}}))
+    (run / "config.json").write_text(
+        json.dumps(
+            {"row": "base", "seed": seed, "model_spec": "reference", "config": cfg.to_dict(), "data": {"bpe": key}}
+        )
+    )
     (run / "final.json").write_text(json.dumps({"status": "finished", "steps": 40}))
     if weights == "model.pt":
         torch.save(model.state_dict(), run / "model.pt")
@@ -74,7 +88,9 @@ def test_figure_shows_each_head_of_the_models_own_encoder_attention_in_layer_n_m
         drawn = torch.as_tensor(ax.images[0].get_array())
         torch.testing.assert_close(drawn, expected[head], rtol=0, atol=0)
         torch.testing.assert_close(drawn.sum(-1), torch.ones(len(ids)), rtol=0, atol=1e-6)  # rows: float32 softmax
-    assert [t.get_text() for t in panels[0].get_xticklabels()][-1] == "<eos>" and len(panels[0].get_xticks()) == len(ids)
+    assert [t.get_text() for t in panels[0].get_xticklabels()][-1] == "<eos>" and len(panels[0].get_xticks()) == len(
+        ids
+    )
     assert "layer 2 of 3" in fig.texts[0].get_text() and (tmp_path / "attention.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -82,7 +98,9 @@ def test_published_attention_data_redraws_the_same_figure_without_weights_or_bpe
     run, model = publish(tmp_path / "runs" / "cpu", bpe)
     results = tmp_path / "results" / "cpu"
     results.mkdir(parents=True)
-    (results / attention.PUBLISHED).write_text(json.dumps(attention_data.extract(tmp_path / "runs" / "cpu", decimals=4)))
+    (results / attention.PUBLISHED).write_text(
+        json.dumps(attention_data.extract(tmp_path / "runs" / "cpu", decimals=4))
+    )
     fig = attention.draw(results, tmp_path / "attention.png")
     ids = spm.SentencePieceProcessor(model_file=str(bpe)).encode(attention.SENTENCE) + [EOS]
     expected = own_attention(model, ids, layer=N - 2)

@@ -1,5 +1,6 @@
 """`python -m reports` end to end on fixed results: every report and figure is built, the index links each one with
 the command that regenerates it, and missing inputs are one line each, never a traceback."""
+
 from __future__ import annotations
 
 import contextlib
@@ -16,25 +17,48 @@ from reports.__main__ import main
 from reports.inputs import load_budget
 from tests.reports.test_table3 import write_fixture
 
-MODELS = {"reference:big": {"causal_mask": "pass", "kv_cache": "pass", "softmax_rows": "pass"},
-          "torch-nn": {"causal_mask": "pass", "kv_cache": "not_applicable", "softmax_rows": "fail"}}
-KILLS = {"no_causal_mask": {"causal_mask": "fail", "kv_cache": "fail", "softmax_rows": "pass"},
-         "no_scale": {"causal_mask": "pass", "kv_cache": "pass", "softmax_rows": "pass"}}
+MODELS = {
+    "reference:big": {"causal_mask": "pass", "kv_cache": "pass", "softmax_rows": "pass"},
+    "torch-nn": {"causal_mask": "pass", "kv_cache": "not_applicable", "softmax_rows": "fail"},
+}
+KILLS = {
+    "no_causal_mask": {"causal_mask": "fail", "kv_cache": "fail", "softmax_rows": "pass"},
+    "no_scale": {"causal_mask": "pass", "kv_cache": "pass", "softmax_rows": "pass"},
+}
 
 
 def write_invariants(folder: Path) -> Path:
     """Invariants reports in the suite's format: <slug>.json and .md per model, and kill_matrix.json."""
     folder.mkdir(parents=True)
     for model, verdicts in MODELS.items():
-        properties = [{"name": name, "verdict": v, "worst_error": 0.0, "tolerance": 1e-9, "examples": 10,
-                       "reason": "no kv cache" if v == "not_applicable" else None,
-                       "reproduce": f"nox -s invariants -- --model {model} -k {name}"} for name, v in verdicts.items()]
-        report = {"model": model, "date": "2026-11-22", "commit": "abc1234", "torch": "2.13.0", "properties": properties}
+        properties = [
+            {
+                "name": name,
+                "verdict": v,
+                "worst_error": 0.0,
+                "tolerance": 1e-9,
+                "examples": 10,
+                "reason": "no kv cache" if v == "not_applicable" else None,
+                "reproduce": f"nox -s invariants -- --model {model} -k {name}",
+            }
+            for name, v in verdicts.items()
+        ]
+        report = {
+            "model": model,
+            "date": "2026-11-22",
+            "commit": "abc1234",
+            "torch": "2.13.0",
+            "properties": properties,
+        }
         slug = re.sub(r"[^A-Za-z0-9.-]+", "_", model)
         (folder / f"{slug}.json").write_text(json.dumps(report))
         (folder / f"{slug}.md").write_text(f"# Invariants of {model}\n")
-    matrix = {"mutants": list(KILLS), "properties": list(MODELS["reference:big"]), "verdicts": KILLS,
-              "command": "python -m invariants --kill-matrix"}
+    matrix = {
+        "mutants": list(KILLS),
+        "properties": list(MODELS["reference:big"]),
+        "verdicts": KILLS,
+        "command": "python -m invariants --kill-matrix",
+    }
     (folder / "kill_matrix.json").write_text(json.dumps(matrix))
     (folder / "kill_matrix.md").write_text("# Kill matrix\n")
     (folder / "mutants").mkdir()
@@ -54,7 +78,9 @@ def built(tmp_path_factory):
     drawn, save = {}, figures._save
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(io.StringIO()) as err:
         patch.setattr(figures, "_save", lambda fig, path: drawn.setdefault(path.name, save(fig, path)))
-        code = main(["--results", str(root / "results"), "--invariants", str(root / "invariants"), "--out", str(root / "out")])
+        code = main(
+            ["--results", str(root / "results"), "--invariants", str(root / "invariants"), "--out", str(root / "out")]
+        )
     drawn["stderr"] = err.getvalue()
     return code, root, drawn
 
@@ -63,11 +89,25 @@ def test_build_writes_every_table_and_figure(built):
     code, root, _ = built
     out = root / "out"
     assert code == 0
-    expected = ["table3/smoke.md", "table3/smoke.html", "table3/smoke.tex", "table3/smoke.csv",
-                "table3/smoke_by_step.md", "table3/smoke_by_step.csv", "figures/smoke/agreement_by_step.png",
-                "figures/smoke/change_vs_paper.png", "figures/smoke/group_changes.png", "figures/smoke/params_vs_ppl.png", "figures/smoke/curves_loss.png",
-                "figures/smoke/curves_dev_ppl.png", "figures/smoke/tokens_per_s.png",
-                "figures/invariants_verdicts.png", "figures/kill_matrix.png", "index.html", "README.md"]
+    expected = [
+        "table3/smoke.md",
+        "table3/smoke.html",
+        "table3/smoke.tex",
+        "table3/smoke.csv",
+        "table3/smoke_by_step.md",
+        "table3/smoke_by_step.csv",
+        "figures/smoke/agreement_by_step.png",
+        "figures/smoke/change_vs_paper.png",
+        "figures/smoke/group_changes.png",
+        "figures/smoke/params_vs_ppl.png",
+        "figures/smoke/curves_loss.png",
+        "figures/smoke/curves_dev_ppl.png",
+        "figures/smoke/tokens_per_s.png",
+        "figures/invariants_verdicts.png",
+        "figures/kill_matrix.png",
+        "index.html",
+        "README.md",
+    ]
     for name in expected:
         assert (out / name).stat().st_size > 0, name
     assert (out / "figures/smoke/group_changes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -77,7 +117,11 @@ def test_index_links_every_report_with_its_command(built):
     _, root, _ = built
     out = root / "out"
     page, readme = (out / "index.html").read_text(), (out / "README.md").read_text()
-    generated = [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p.name not in ("index.html", "README.md")]
+    generated = [
+        p.relative_to(out).as_posix()
+        for p in out.rglob("*")
+        if p.is_file() and p.name not in ("index.html", "README.md")
+    ]
     for name in generated:
         assert f'href="{name}"' in page and f"]({name})" in readme, name
     for slug, model in (("reference_big", "reference:big"), ("torch-nn", "torch-nn")):  # the invariants reports
@@ -91,7 +135,9 @@ def test_index_links_every_report_with_its_command(built):
 
 
 def test_missing_inputs_are_one_line_each_naming_the_command(tmp_path, capsys):
-    code = main(["--results", str(tmp_path / "none"), "--invariants", str(tmp_path / "none"), "--out", str(tmp_path / "out")])
+    code = main(
+        ["--results", str(tmp_path / "none"), "--invariants", str(tmp_path / "none"), "--out", str(tmp_path / "out")]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 2
     assert "nox -s ablations -- run --budget smoke" in err[0] and "nox -s invariants" in err[1]
@@ -102,7 +148,16 @@ def test_with_only_invariants_the_rest_is_built_and_the_skip_reported(tmp_path, 
     write_invariants(tmp_path / "invariants")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "bench.md").write_text("# Benchmark\n")  # what `nox -s bench` leaves beside the reports
-    code = main(["--results", str(tmp_path / "none"), "--invariants", str(tmp_path / "invariants"), "--out", str(tmp_path / "out")])
+    code = main(
+        [
+            "--results",
+            str(tmp_path / "none"),
+            "--invariants",
+            str(tmp_path / "invariants"),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 0 and "skipped: Table 3" in err and "Traceback" not in err
     assert (tmp_path / "out" / "figures" / "kill_matrix.png").is_file()
@@ -114,11 +169,18 @@ def test_group_figure_has_ours_beside_the_papers_for_each_group_and_metric(built
     _, root, drawn = built
     fig = drawn["group_changes.png"]
     titles = [ax.get_title() for ax in fig.axes]
-    assert titles[:4] == ["(A) Δ PPL (dev), ours", "(A) Δ PPL (dev), paper", "(A) Δ BLEU (dev), ours", "(A) Δ BLEU (dev), paper"]
+    assert titles[:4] == [
+        "(A) Δ PPL (dev), ours",
+        "(A) Δ PPL (dev), paper",
+        "(A) Δ BLEU (dev), ours",
+        "(A) Δ BLEU (dev), paper",
+    ]
     assert len(titles) == 5 * 4 and titles[-1] == "(E) Δ BLEU (dev), paper"
     table = table3.compare(load_budget(root / "results" / "smoke").runs)
     paper_a = fig.axes[1]  # bar heights are the paper's changes for A1..A4
-    assert [p.get_height() for p in paper_a.patches] == pytest.approx(table.loc[["A1", "A2", "A3", "A4"], "ppl_paper_delta"])
+    assert [p.get_height() for p in paper_a.patches] == pytest.approx(
+        table.loc[["A1", "A2", "A3", "A4"], "ppl_paper_delta"]
+    )
     ours_a = fig.axes[0]  # ours: A1 and A3 ran (+1.0 and +0.1 against base), A2 and A4 did not
     assert [p.get_height() for p in ours_a.patches] == pytest.approx([1.0, 0.1], abs=1e-9)
 
@@ -152,8 +214,13 @@ def test_agreement_figure_shares_the_step_axis_and_draws_every_scope(built):
 
 def test_agreement_figure_names_a_group_drawn_only_in_the_spearman_panel(tmp_path):
     nan = float("nan")  # group D: a rho at every step, no row with enough seeds for a share
-    progress = pd.DataFrame([{"step": step, "scope": scope, "share": share, "spearman": rho}
-                             for step in (100, 200) for scope, share, rho in (("all", 0.5, 0.2), ("D", nan, -0.1))])
+    progress = pd.DataFrame(
+        [
+            {"step": step, "scope": scope, "share": share, "spearman": rho}
+            for step in (100, 200)
+            for scope, share, rho in (("all", 0.5, 0.2), ("D", nan, -0.1))
+        ]
+    )
     fig = figures.agreement_by_step(progress, tmp_path / "a.png", "t")
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["all rows", "(D)"]
 
@@ -174,7 +241,14 @@ def test_scatter_puts_each_judged_row_at_paper_change_and_our_change_coloured_by
 def test_verdict_heatmap_labels_each_cell_with_its_verdict(built):
     _, _, drawn = built
     verdicts = drawn["invariants_verdicts.png"].axes[0]
-    assert [t.get_text() for t in verdicts.texts] == ["pass", "pass", "pass", "pass", "n/a", "FAIL"]  # reference:big, torch-nn
+    assert [t.get_text() for t in verdicts.texts] == [
+        "pass",
+        "pass",
+        "pass",
+        "pass",
+        "n/a",
+        "FAIL",
+    ]  # reference:big, torch-nn
     kills = drawn["kill_matrix.png"].axes[0]
     assert [t.get_text() for t in kills.texts] == ["x", "x", "", "", "", ""]
     assert [t.get_text() for t in kills.get_yticklabels()] == ["no_causal_mask (2 fail)", "no_scale (0 fail)"]
@@ -183,7 +257,16 @@ def test_verdict_heatmap_labels_each_cell_with_its_verdict(built):
 def test_a_damaged_invariants_report_is_one_line_naming_it(tmp_path, capsys):
     write_invariants(tmp_path / "invariants")
     (tmp_path / "invariants" / "torch-nn.json").write_text('{"model": "torch-nn", "propert')
-    code = main(["--results", str(tmp_path / "none"), "--invariants", str(tmp_path / "invariants"), "--out", str(tmp_path / "out")])
+    code = main(
+        [
+            "--results",
+            str(tmp_path / "none"),
+            "--invariants",
+            str(tmp_path / "invariants"),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 2 and "torch-nn.json is not an invariants report (JSONDecodeError" in err[1]
 
@@ -194,7 +277,16 @@ def test_two_budgets_that_translate_get_one_figure_of_their_verdicts_side_by_sid
     drawn, save = {}, figures._save
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(io.StringIO()):
         patch.setattr(figures, "_save", lambda fig, path: drawn.setdefault(path.name, save(fig, path)))
-        main(["--results", str(tmp_path / "results"), "--invariants", str(tmp_path / "none"), "--out", str(tmp_path / "out")])
+        main(
+            [
+                "--results",
+                str(tmp_path / "results"),
+                "--invariants",
+                str(tmp_path / "none"),
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
     side = drawn["budgets_side_by_side.png"]
     for ax in side.axes:
         columns = [t.get_text().splitlines()[0] for t in ax.get_xticklabels()]

@@ -5,6 +5,7 @@ error sqrt(1/3 + 1/3) = 0.82 and counts beyond 1.63): A1 +10 agrees with the pap
 disagrees (the paper: worse), E1 -0.2 agrees (the paper: no change), big has one seed (no verdict). At step 200 A2 and
 C1 have turned the paper's way. At step 300 only base and A1 logged, one seed each: no verdict at all.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,12 @@ CURVES = {  # row -> step -> dev PPL per seed
 
 def curves(data: dict = CURVES) -> pd.DataFrame:
     """Curves as reports.inputs reads them, one line per logged step of each run, plus steps without a dev PPL."""
-    lines = [{"row": row, "seed": seed, "step": step, "loss": 3.0, "dev_ppl": ppl}
-             for row, steps in data.items() for step, values in steps.items() for seed, ppl in enumerate(values)]
+    lines = [
+        {"row": row, "seed": seed, "step": step, "loss": 3.0, "dev_ppl": ppl}
+        for row, steps in data.items()
+        for step, values in steps.items()
+        for seed, ppl in enumerate(values)
+    ]
     lines.append({"row": "base", "seed": 0, "step": 50, "loss": 4.0, "dev_ppl": math.nan})  # logged, not evaluated
     lines.append({"row": "A1", "seed": 0, "step": 400, "loss": 2.0, "dev_ppl": 30.0})  # base not evaluated there
     return pd.DataFrame(lines)

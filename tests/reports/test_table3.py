@@ -5,6 +5,7 @@ changes by less than two standard errors (n.s.), C7's PPL goes the other way (di
 PPL) changes PPL significantly (disagrees), A3's BLEU (the paper: no change) stays within its errors (agrees), D1 has one diverged seed of three (2 seeds:
 no verdict), big has one seed (no verdict), and the other rows were not run.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,30 +38,65 @@ SMOKE_VOCAB = 1000
 STEPS = 40
 
 
-def write_run(root: Path, row: str, seed: int, result: tuple[float, float] | None, budget: str = "smoke",
-              date: str = "2026-11-22T10:{seed:02d}:00Z", config_hash: str = "{seed:08x}") -> Path:
+def write_run(
+    root: Path,
+    row: str,
+    seed: int,
+    result: tuple[float, float] | None,
+    budget: str = "smoke",
+    date: str = "2026-11-22T10:{seed:02d}:00Z",
+    config_hash: str = "{seed:08x}",
+) -> Path:
     """One run folder in the results format: config.json, metrics.jsonl and final.json."""
     config = PAPER[row].config().replace(vocab_size=SMOKE_VOCAB)
     steps = STEPS * 3 if row == "big" else STEPS
     run = root / budget / "runs" / f"{row}-s{seed}-{config_hash.format(seed=seed)}"
     run.mkdir(parents=True)
-    common = {"row": row, "group": PAPER[row].group, "seed": seed, "budget": budget, "preset": "tiny",
-              "scaled": budget == "smoke", "model_spec": "reference"}
-    (run / "config.json").write_text(json.dumps(common | {"config": config.to_dict(),
-                                                           "train": {"steps": steps, "warmup": 10, "batch_tokens": 512},
-                                                           "data": {"max_train_pairs": 4000, "dev_pairs": 100}}))
+    common = {
+        "row": row,
+        "group": PAPER[row].group,
+        "seed": seed,
+        "budget": budget,
+        "preset": "tiny",
+        "scaled": budget == "smoke",
+        "model_spec": "reference",
+    }
+    (run / "config.json").write_text(
+        json.dumps(
+            common
+            | {
+                "config": config.to_dict(),
+                "train": {"steps": steps, "warmup": 10, "batch_tokens": 512},
+                "data": {"max_train_pairs": 4000, "dev_pairs": 100},
+            }
+        )
+    )
     ppl, bleu = (math.nan, math.nan) if result is None else result
-    lines = [{"step": s, "loss": 5.0 - s / steps, "lr": 1e-3, "tokens_per_s": 1000.0 + seed, "time_s": s / 10}
-             | ({"dev_ppl": ppl * (1 + (steps - s) / steps)} if s % 20 == 0 else {}) for s in range(1, steps + 1)]
+    lines = [
+        {"step": s, "loss": 5.0 - s / steps, "lr": 1e-3, "tokens_per_s": 1000.0 + seed, "time_s": s / 10}
+        | ({"dev_ppl": ppl * (1 + (steps - s) / steps)} if s % 20 == 0 else {})
+        for s in range(1, steps + 1)
+    ]
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(m) for m in lines) + "\n")
     final = common | {
-        "status": "diverged" if result is None else "finished", "error": "loss is NaN" if result is None else None,
-        "dev_ppl": None if result is None else ppl, "bleu": None if result is None else bleu,
+        "status": "diverged" if result is None else "finished",
+        "error": "loss is NaN" if result is None else None,
+        "dev_ppl": None if result is None else ppl,
+        "bleu": None if result is None else bleu,
         "bleu_tokenized": None if result is None else bleu + 0.5,
         "sacrebleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
-        "params": paper_architecture_params(config), "steps": steps, "tokens_seen": steps * 512, "wall_s": steps / 10,
-        "tokens_per_s": 1000.0 + seed, "gemm_fraction": 0.25 + seed / 100, "mfu": None, "device": "cpu", "torch": "2.13.0", "commit": "abc1234",
-        "date": date.format(seed=seed), "config": config.to_dict(),
+        "params": paper_architecture_params(config),
+        "steps": steps,
+        "tokens_seen": steps * 512,
+        "wall_s": steps / 10,
+        "tokens_per_s": 1000.0 + seed,
+        "gemm_fraction": 0.25 + seed / 100,
+        "mfu": None,
+        "device": "cpu",
+        "torch": "2.13.0",
+        "commit": "abc1234",
+        "date": date.format(seed=seed),
+        "config": config.to_dict(),
     }
     (run / "final.json").write_text(json.dumps(final))
     return run
@@ -84,6 +120,7 @@ def table(results):
 
 
 # --- the numbers ---------------------------------------------------------------------------------------------
+
 
 def test_rows_are_the_papers_twenty_in_order(table):
     assert list(table.index) == [r.name for r in table3_rows()]
@@ -167,12 +204,24 @@ def test_rows_not_run_have_no_metrics_and_no_verdict(table):
     assert table.loc["B1", "ppl_agree"] == "—" and table.loc["base", "ppl_agree"] == "—"
 
 
-@pytest.mark.parametrize(("ours", "se", "paper", "seeds", "expected"), [
-    (1.0, 0.2, 0.5, 3, "yes"), (-1.0, 0.2, 0.5, 3, "no"), (0.3, 0.2, -0.5, 3, "n.s."), (0.4, 0.2, -0.5, 3, "n.s."),
-    (0.41, 0.2, -0.5, 3, "no"), (1.0, math.nan, 0.5, 1, "1 seed"), (1.0, 0.2, 0.5, 2, "2 seeds"),
-    (math.nan, 0.2, 0.5, 3, "—"), (1.0, 0.2, math.nan, 3, "—"), (0.0, 0.0, -0.5, 3, "n.s."),
-    (0.3, 0.2, 0.0, 3, "yes"), (0.5, 0.2, 0.0, 3, "no"), (0.5, math.nan, 0.0, 1, "1 seed"),
-])
+@pytest.mark.parametrize(
+    ("ours", "se", "paper", "seeds", "expected"),
+    [
+        (1.0, 0.2, 0.5, 3, "yes"),
+        (-1.0, 0.2, 0.5, 3, "no"),
+        (0.3, 0.2, -0.5, 3, "n.s."),
+        (0.4, 0.2, -0.5, 3, "n.s."),
+        (0.41, 0.2, -0.5, 3, "no"),
+        (1.0, math.nan, 0.5, 1, "1 seed"),
+        (1.0, 0.2, 0.5, 2, "2 seeds"),
+        (math.nan, 0.2, 0.5, 3, "—"),
+        (1.0, 0.2, math.nan, 3, "—"),
+        (0.0, 0.0, -0.5, 3, "n.s."),
+        (0.3, 0.2, 0.0, 3, "yes"),
+        (0.5, 0.2, 0.0, 3, "no"),
+        (0.5, math.nan, 0.0, 1, "1 seed"),
+    ],
+)
 def test_verdict_under_the_two_standard_error_rule(ours, se, paper, seeds, expected):
     assert table3.verdict(ours, se, paper, seeds) == expected
 
@@ -208,8 +257,18 @@ def markdown_rows(text: str) -> list[dict[str, str]]:
     return [dict(zip(cells[0], row)) for row in cells[2:]]
 
 
-MARKDOWN_COLUMNS = ["row", "changes", "PPL paper", "PPL ours", "BLEU paper", "BLEU ours", "params paper", "params ours",
-                    "seeds", "Δ ours/paper, verdict"]
+MARKDOWN_COLUMNS = [
+    "row",
+    "changes",
+    "PPL paper",
+    "PPL ours",
+    "BLEU paper",
+    "BLEU ours",
+    "params paper",
+    "params ours",
+    "seeds",
+    "Δ ours/paper, verdict",
+]
 
 
 def test_markdown_is_narrow_with_the_papers_values_beside_ours(rendered):
@@ -233,7 +292,9 @@ def test_markdown_shows_paper_values_changes_and_verdicts(rendered):
     paper_change = PAPER["A1"].paper_ppl - PAPER["base"].paper_ppl
     assert rows["A1"]["Δ ours/paper, verdict"] == f"PPL +1.00/+{paper_change:.2f} yes · BLEU −2.0/−0.9 yes"
     assert rows["A3"]["Δ ours/paper, verdict"] == "PPL +0.10/−0.01 n.s. · BLEU +0.1/0 yes"  # 0: no change expected
-    assert rows["D1"]["Δ ours/paper, verdict"].endswith("(2 seeds)") and " yes" not in rows["D1"]["Δ ours/paper, verdict"]
+    assert (
+        rows["D1"]["Δ ours/paper, verdict"].endswith("(2 seeds)") and " yes" not in rows["D1"]["Δ ours/paper, verdict"]
+    )
     assert rows["A1"]["params paper"] == ""  # the paper prints no params for row A
     base_params = paper_architecture_params(PAPER["base"].config().replace(vocab_size=SMOKE_VOCAB)) / 1e6
     assert rows["base"]["params ours"] == f"{base_params:.3g}"  # millions to 3 significant digits
@@ -255,15 +316,25 @@ def test_wide_table_gives_each_rows_median_training_throughput_and_share_of_the_
     shown = table3_formats.display(table).droplevel(0)
     assert shown.loc["base", ("training", "tok/s")] == "1,001"  # seeds 0, 1, 2: 1000, 1001, 1002 tokens/s
     assert shown.loc["base", ("training", "GEMM share")] == "26%"
-    assert shown.loc["big", ("training", "tok/s")] == "1,000" and shown.loc["B1", ("training", "tok/s")] == ""  # B1 not run
+    assert (
+        shown.loc["big", ("training", "tok/s")] == "1,000" and shown.loc["B1", ("training", "tok/s")] == ""
+    )  # B1 not run
 
 
 def test_markdown_header_says_what_produced_it(rendered):
     text = rendered["md"]
     assert text.startswith("# Table 3 mirrored: budget smoke (scaled)")
-    for fact in ("**budget**: smoke (scaled", "**device**: cpu", "**torch**: 2.13.0", "**commit**: abc1234",
-                 "**data**: preset tiny, max_train_pairs=4000, dev_pairs=100", "**tokens seen**: base 20,480", "tok:13a", "**steps**: base 40",
-                 "**throughput**: base 1,001 source+target tokens/s in training, 26% of the machine's measured GEMM rate"):
+    for fact in (
+        "**budget**: smoke (scaled",
+        "**device**: cpu",
+        "**torch**: 2.13.0",
+        "**commit**: abc1234",
+        "**data**: preset tiny, max_train_pairs=4000, dev_pairs=100",
+        "**tokens seen**: base 20,480",
+        "tok:13a",
+        "**steps**: base 40",
+        "**throughput**: base 1,001 source+target tokens/s in training, 26% of the machine's measured GEMM rate",
+    ):
         assert fact in text
     assert "PPL 1 of 4 rows agree (25%; n.s. 1, 2 with fewer than 3 seeds)" in text
     assert "2 × sqrt(sd_row²/n_row + sd_base²/n_base)" in text  # the rule is stated
@@ -273,8 +344,17 @@ def test_markdown_header_says_what_produced_it(rendered):
 def test_headline_states_sizes_data_steps_seeds_base_bleu_agreement_and_spearman(results, table):
     line = table3_formats.headline(results, table, table3.summarize(table))
     rho = table3.summarize(table).spearman_ppl
-    for fact in ("the paper's sizes", "tiny", "first 4000 training pairs", "not the paper's WMT 2014", "40 steps (base)",
-                 "1 to 3 seeds per row", "Base dev BLEU 20.4 ± 0.4", "25% (1 of 4 judged rows)", f"{rho:.2f} over 7 rows"):
+    for fact in (
+        "the paper's sizes",
+        "tiny",
+        "first 4000 training pairs",
+        "not the paper's WMT 2014",
+        "40 steps (base)",
+        "1 to 3 seeds per row",
+        "Base dev BLEU 20.4 ± 0.4",
+        "25% (1 of 4 judged rows)",
+        f"{rho:.2f} over 7 rows",
+    ):
         assert fact in line, fact
 
 
