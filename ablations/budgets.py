@@ -54,6 +54,30 @@ class Budget:
         return dataclasses.replace(self, **changes)
 
 
+# The Table 3 grid a 2-core CPU can train (docs/ablations.md has the studies behind it): sizes / 8, each row
+# started with the stds of its paper-size counterpart (init paper-width), full Multi30k with a 2000-token BPE,
+# 1500-token batches, eq. (3)'s shape peaking at 3e-3 after 500 steps, 4000 steps a row.
+CPU = Budget(
+    "cpu",
+    scale=8,
+    steps=4000,
+    warmup=500,
+    lr_peak=3e-3,
+    batch_tokens=1500,
+    accumulation=1,
+    preset="multi30k",
+    vocab_size=2000,
+    max_train_pairs=None,
+    dev_pairs=None,
+    max_sentence_tokens=100,
+    log_every=50,
+    eval_every=250,
+    checkpoint_every=250,
+    compile=False,
+    init="paper-width",
+)
+
+
 BUDGETS: dict[str, Budget] = {
     # The whole grid on 2 CPU cores in CI: every row trains, scores and records; far too little to translate.
     # Warmup = steps keeps eq. (3)'s rate low at d_model 64 (docs/ablations.md, "Budgets").
@@ -75,49 +99,10 @@ BUDGETS: dict[str, Budget] = {
         checkpoint_every=8,
         compile=False,
     ),
-    # The Table 3 grid a 2-core CPU can train (docs/ablations.md has the studies behind it): sizes / 8, each row
-    # started with the stds of its paper-size counterpart (init paper-width), full Multi30k with a 2000-token BPE,
-    # 1500-token batches, eq. (3)'s shape peaking at 3e-3 after 500 steps, 4000 steps a row.
-    "cpu": Budget(
-        "cpu",
-        scale=8,
-        steps=4000,
-        warmup=500,
-        lr_peak=3e-3,
-        batch_tokens=1500,
-        accumulation=1,
-        preset="multi30k",
-        vocab_size=2000,
-        max_train_pairs=None,
-        dev_pairs=None,
-        max_sentence_tokens=100,
-        log_every=50,
-        eval_every=250,
-        checkpoint_every=250,
-        compile=False,
-        init="paper-width",
-    ),
+    "cpu": CPU,
     # The first CPU grid (docs/ablations.md has its study and results): as cpu, but every row drew Xavier at its own
     # width, whose stds at d_model 64 are about 2.8x those of the paper's width; kept so that its results regenerate.
-    "cpu-xavier": Budget(
-        "cpu-xavier",
-        scale=8,
-        steps=4000,
-        warmup=500,
-        lr_peak=3e-3,
-        batch_tokens=1500,
-        accumulation=1,
-        preset="multi30k",
-        vocab_size=2000,
-        max_train_pairs=None,
-        dev_pairs=None,
-        max_sentence_tokens=100,
-        log_every=50,
-        eval_every=250,
-        checkpoint_every=250,
-        compile=False,
-        init="xavier",
-    ),
+    "cpu-xavier": CPU.replace(name="cpu-xavier", init="xavier"),
     # Real sizes on one GPU, 1% of the paper's base steps for every row (big included): a first look. Warmup = steps,
     # so that the rate peaks at the last step (docs/ablations.md, "Budgets").
     "short": Budget(
