@@ -9,22 +9,21 @@ hits them alike. docs/benchmark.md says what is measured and how. Writes reports
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ablations import peers
 from ablations.batching import BatchStream
+from ablations.bench_report import machine, markdown, output_path, shown_args
+from ablations.bench_variants import UNDONE, VARIANTS, FullReorderCache, StridedCrossCache, TorchOpsReorderCache
 from ablations.bpe import EOS, PAD
 from ablations.budgets import ADAM_BETAS, ADAM_EPS, budget, scale
 from ablations.data import data_dir
@@ -34,76 +33,13 @@ from ablations.options import check_counts, failed
 from ablations.stopping import stops_cleanly
 from ablations.throughput import choose_threads, gemm_flops, throughput
 from ablations.train import make_optimizer, train_step
-from invariants.report import writable_folder
-from model import Parts, Transformer, TransformerConfig, count_parameters, kernel, load_model
-from model.attention import KVCache, attend_with_torch_ops, explicit_attention
+from model import Parts, Transformer, TransformerConfig, count_parameters, kernel
+from model.attention import attend_with_torch_ops
 from model.batch import Batch
 from model.files import write_atomic
-from model.objective import label_smoothed_loss_by_torch_ops
-from model.provenance import cpu_name, git_commit
-from model.registry import ModelSpec, parse_config_overrides
+from model.registry import parse_config_overrides
 
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
-
-
-def fused_attention(q, k, v, allowed, need_weights):
-    """The attention as it was: torch's fused kernel whenever no probabilities are wanted, whatever the shape."""
-    if need_weights:
-        return explicit_attention(q, k, v, allowed)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed), None
-
-
-def torch_cross_entropy(logits, target, pad_id, eps):
-    """The loss as it was: F.cross_entropy with label_smoothing (the same value, more passes over the logits)."""
-    return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=pad_id, label_smoothing=eps)
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One system to train: how to build it, which form of Adam (fused, foreach or loop), which thread count."""
-
-    name: str
-    build: Callable[[TransformerConfig], torch.nn.Module | None]
-    adam: str = "fused"
-    default_threads: bool = False  # torch's default (every core) instead of choose_threads
-    sizes: tuple[str, ...] = ("base", "scaled")
-
-
-UNDONE = "before: "
-VARIANTS = [
-    Variant("reference", Transformer),
-    Variant(
-        UNDONE + "attention through torch ops, no narrow-head kernel",
-        lambda c: Transformer(c, Parts(attend=attend_with_torch_ops)),
-        sizes=("scaled",),
-    ),
-    Variant(
-        UNDONE + "fused attention kernel everywhere",
-        lambda c: Transformer(c, Parts(attend=fused_attention)),
-        sizes=("scaled",),
-    ),
-    Variant(
-        UNDONE + "loss by torch ops, no loss kernel",
-        lambda c: Transformer(c, Parts(loss=label_smoothed_loss_by_torch_ops)),
-        sizes=("scaled",),
-    ),
-    Variant(
-        UNDONE + "torch cross_entropy loss",
-        lambda c: Transformer(c, Parts(loss=torch_cross_entropy)),
-        sizes=("scaled",),
-    ),
-    Variant(UNDONE + "Adam per-parameter loop", Transformer, adam="loop", sizes=("scaled",)),
-    Variant(UNDONE + "Adam multi-tensor (foreach), not fused", Transformer, adam="foreach", sizes=("scaled",)),
-    Variant(UNDONE + "torch's default thread count", Transformer, default_threads=True),
-    Variant(
-        UNDONE + "all of the above",
-        lambda c: Transformer(c, Parts(attend=fused_attention, loss=torch_cross_entropy)),
-        adam="loop",
-        default_threads=True,
-    ),
-    Variant("torch.nn.Transformer adapter", lambda c: load_model(ModelSpec("torch-nn").with_config(c))),
-    Variant("HF MarianMT, same dims", peers.hf_marian),
-]
 
 
 def scaled(cfg: TransformerConfig, vocab: int) -> TransformerConfig:
@@ -192,52 +128,6 @@ def fixed_length_sources(src: list[list[int]], n: int, length: int) -> torch.Ten
     return torch.tensor(rows)
 
 
-class FullReorderCache(KVCache):
-    """The cache as it was: at each step every cached self-attention row is gathered into a second set of buffers,
-    which then swap with the first, whether its hypothesis moved or not."""
-
-    def __init__(self, beams: int = 1) -> None:
-        super().__init__(beams)
-        self._spare: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def reorder(self, index: torch.Tensor) -> None:
-        for name, (k, v) in list(self.kv.items()):
-            if name in self._buffers:
-                buffers, spare = self._buffers[name], self._spare.get(name)
-                if spare is None or spare[0].shape != buffers[0].shape:  # append grew the buffers
-                    spare = tuple(torch.empty_like(b) for b in buffers)
-                for old, new in zip((k, v), spare):
-                    torch.index_select(old, 0, index, out=new[:, :, : k.size(2)])
-                self._spare[name], self._buffers[name] = buffers, spare
-                self.kv[name] = tuple(b[:, :, : k.size(2)] for b in spare)
-
-
-class TorchOpsReorderCache(KVCache):
-    """The cache whose moved rows are rewritten by torch ops (gathered, then written back), as before the kernel."""
-
-    rewrite_rows = KVCache.rewrite_rows_with_torch_ops
-
-
-class _StridedCross(dict):
-    """Cache entries that keep cross-attention's keys and values in the projection's layout, (B, T, h*d) seen as
-    (B, h, T, d) with strides, as they were stored before they were made contiguous."""
-
-    def __setitem__(self, name: str, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
-        if name.startswith("cross"):
-            kv = tuple(x.transpose(1, 2).contiguous().transpose(1, 2) for x in kv)
-        super().__setitem__(name, kv)
-
-
-class StridedCrossCache(KVCache):
-    """The cache as it was for cross-attention: the heads' strided view of the memory's keys and values, which every
-    decoding step's two matmuls copy again. For beam search with the memory shared by each sentence's beams (as the
-    bench runs it): there `reorder` leaves the cross-attention entries alone."""
-
-    def __init__(self, beams: int = 1) -> None:
-        super().__init__(beams)
-        self.kv = _StridedCross()
-
-
 def bench_decoding(
     size: str,
     cfg: TransformerConfig,
@@ -319,123 +209,6 @@ def bench_decoding(
         }
         for name, t in times.items()
     ], skipped
-
-
-def output_path(option: str) -> Path:
-    """The --out file, checked before any measuring (not after minutes of it): not a folder, in a folder that is or
-    can be made writable."""
-    out = Path(option)
-    if out.is_dir():
-        raise ValueError(f"--out {option} is a folder; give a file such as reports/bench.md")
-    writable_folder(out.parent)
-    return out
-
-
-def shown_args(argv: list[str]) -> str:
-    """The command line as a report shows it: an absolute path relative to the working directory, so that committed
-    reports carry no machine's folders."""
-    return " ".join(os.path.relpath(a) if os.path.isabs(a) else a for a in argv)
-
-
-def machine() -> dict:
-    return {
-        "cpu": cpu_name(),
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "commit": git_commit(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-CLOCK_NOTES = {
-    "wall": "Times are wall-clock: on a loaded machine other processes take the cores at random moments, which "
-    "interleaving spreads over every system but does not remove (rerun idle, or with `--clock cpu`).",
-    "cpu": "Times are this process's CPU time (`--clock cpu`), which other processes' load does not enter, so the "
-    "ratios hold on a busy machine; a row on more than one thread sums its threads' time (total work, not latency).",
-}
-
-
-def markdown(meta: dict, training: list[dict], decoding: list[dict], skipped: list[str]) -> str:
-    rates = {(r["size"], r["threads"]): r["gemm_flops_per_s"] for r in training}
-    gemm = ", ".join(
-        f"{rate / 1e9:.0f} GFLOP/s on {n} thread{'s' * (n > 1)} ({size})" for (size, n), rate in rates.items()
-    )
-    lines = [
-        "# Benchmark: training step and beam search beside real peers, base and scaled (/8) sizes",
-        "",
-        f"Measured by `nox -s bench{' -- ' + meta['args'] if meta['args'] else ''}` on {meta['cpu']} ({meta['cores']} cores), "
-        f"torch {meta['torch']}, commit {meta['commit']}, {meta['date']}. Load average (1 min) {meta['load_before']:.1f} at the "
-        f"start and {meta['load_after']:.1f} at the end on {meta['cores']} cores. Every figure is the median of repetitions "
-        f"interleaved across systems. {CLOCK_NOTES[meta['clock']]} The reference's decoding kernels "
-        f"(model/kernel.py): {meta['attention_kernel']}.",
-        "",
-        f"Training: {', '.join(f'{meta[k]} ({k[6:]})' for k in meta if k.startswith('steps_'))} timed steps after {meta['warmup']} warm-up step(s), the same {meta['preset']} training "
-        f"batches of about {meta['batch_tokens']} source and target positions for every system (the first of the stream "
-        "the grid trains on: bucketed by length, so little padding), fp32; token ids from a "
-        f"{meta['vocab']}-token BPE (the scaled models' vocabulary; the base models keep the paper's 37000 entries). "
-        f"Threads: {meta['threads']} unless a row says otherwise (`--threads` or OMP_NUM_THREADS override). "
-        f"GEMM calibration (fp32 1024x512 @ 512x2048, median over the repetitions): {gemm}. The fraction of the GEMM "
-        "rate counts 6 FLOPs per weight per token (model.params.training_flops).",
-        "",
-        "## Training step",
-        "",
-        "| size | variant | threads | s/step | target tok/s | src+tgt tok/s | fraction of GEMM rate | vs reference |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    ref = {r["size"]: r for r in training if r["variant"] == "reference"}
-    for r in training:
-        lines.append(
-            f"| {r['size']} | {r['variant']} | {r['threads']} | {r['step_s']:.3f} | {r['tgt_tokens_per_s']:,.0f} | "
-            f"{r['tokens_per_s']:,.0f} | {r['gemm_fraction']:.0%} | {r['tgt_tokens_per_s'] / ref[r['size']]['tgt_tokens_per_s']:.2f}x |"
-        )
-    lines += [
-        "",
-        "## What each speed choice changed (same run)",
-        "",
-        "Each row undoes one choice of the reference (or all of them) and reports the reference's speed-up over it. "
-        "The thread count is chosen for safety, not speed: one thread up to d_model 128 and the free cores above, "
-        "because a thread that waits for a busy core stalls every op; a speed-up below 1 there means this machine "
-        "had cores to spare (alone on an idle machine, pass --threads).",
-        "",
-        "| size | choice undone | before: target tok/s | reference: target tok/s | speed-up |",
-        "|---|---|---|---|---|",
-    ]
-    for r in (r for r in training if r["variant"].startswith(UNDONE)):
-        after = ref[r["size"]]["tgt_tokens_per_s"]
-        lines.append(
-            f"| {r['size']} | {r['variant'][len(UNDONE) :]} | {r['tgt_tokens_per_s']:,.0f} | {after:,.0f} | "
-            f"{after / r['tgt_tokens_per_s']:.2f}x |"
-        )
-    for d in (d for d in decoding if d["system"].startswith(UNDONE)):
-        after = next(x for x in decoding if x["size"] == d["size"] and x["system"] == "reference")[
-            "output_tokens_per_s"
-        ]
-        lines.append(
-            f"| {d['size']} (beam search, output tok/s) | {d['system'][len(UNDONE) :]} | {d['output_tokens_per_s']:,.0f} | "
-            f"{after:,.0f} | {after / d['output_tokens_per_s']:.2f}x |"
-        )
-    counts = ", ".join(f"{d['sentences']} at {d['size']}" for d in decoding if d["system"] == "reference")
-    lines += [
-        "",
-        "## Beam search (beam 4, batched)",
-        "",
-        f"The same dev sources for every system ({counts}), "
-        f"cut to {meta['decode_length']} tokens; every system is forced to "
-        f"{meta['decode_length'] + meta['extra']} output tokens per sentence (untrained weights; the reference stops at "
-        "source length + 50 and rarely ends earlier), the same thread count for all.",
-        "",
-        "| size | system | threads | s (median) | output tok/s | vs reference |",
-        "|---|---|---|---|---|---|",
-    ]
-    dref = {d["size"]: d for d in decoding if d["system"] == "reference"}
-    for d in decoding:
-        lines.append(
-            f"| {d['size']} | {d['system']} | {d['threads']} | {d['s']:.2f} | {d['output_tokens_per_s']:,.0f} | "
-            f"{d['output_tokens_per_s'] / dref[d['size']]['output_tokens_per_s']:.2f}x |"
-        )
-    if skipped:
-        lines += ["", *(f"- {line}" for line in skipped)]
-    return "\n".join(lines) + "\n"
 
 
 @stops_cleanly("nothing written (an earlier report is as it was); run the same command again")

@@ -20,7 +20,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ablations.batching import BatchStream
-from ablations.bench import CLOCKS, fixed_length_sources, machine, output_path, scaled
+from ablations.bench import CLOCKS, fixed_length_sources, scaled
+from ablations.bench_report import machine, output_path
 from ablations.bpe import PAD
 from ablations.budgets import budget
 from ablations.data import data_dir

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from ablations import profiling, throughput
-from ablations.bench import FullReorderCache, StridedCrossCache, TorchOpsReorderCache, main
+from ablations.bench import main
+from ablations.bench_variants import FullReorderCache, StridedCrossCache, TorchOpsReorderCache
 from ablations.bpe import PAD
 from ablations.decoding import beam_search
 from ablations.throughput import choose_threads
@@ -245,7 +246,7 @@ def test_an_output_path_it_cannot_write_is_a_one_line_error_before_any_measuring
 
 
 def test_a_reports_command_line_shows_absolute_paths_relative_to_the_working_directory():
-    from ablations.bench import shown_args
+    from ablations.bench_report import shown_args
 
     assert (
         shown_args(["--runs", str(Path.cwd().parent / "runs"), "--sizes", "scaled"]) == "--runs ../runs --sizes scaled"
