@@ -20,7 +20,7 @@ from ablations.data import PRESETS
 from model.files import shown_path, write_atomic
 from reports.inputs import BudgetResults
 from reports.page import document, stylesheet
-from reports.table3 import METRICS, PAPER_CONFIG, SIGNIFICANCE, Summary, count_rows
+from reports.table3 import METRICS, MIN_SEEDS, PAPER_CONFIG, SIGNIFICANCE, Summary, count_rows, missing_conclusions
 
 METRIC_LABEL = {"ppl": "PPL (dev)", "bleu": "BLEU (dev)", "params": "params ×10⁶"}
 DECIMALS = {"ppl": 2, "bleu": 1}  # as the paper prints them
@@ -262,6 +262,21 @@ MARKDOWN_LEGEND = (
 )
 
 
+def _missing_section(table: pd.DataFrame, summary: Summary) -> list[str]:
+    """Which of the paper's conclusions (a row's change against base) our runs do not show, and what was measured."""
+    if not any(t.judged for t in summary.tallies.values()):
+        return [f"**Where the paper's conclusions do not appear.** No verdict yet: fewer than {MIN_SEEDS} seeds.", ""]
+    missing = missing_conclusions(table)
+    if not missing:
+        return ["**Where the paper's conclusions do not appear.** Nowhere: every judged change agrees.", ""]
+    return [
+        "**Where the paper's conclusions do not appear** (our change against base, its standard error):",
+        "",
+        *(f"- {line}" for line in missing),
+        "",
+    ]
+
+
 def markdown(
     table: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, note: str, title: str, headline: str
 ) -> str:
@@ -276,6 +291,7 @@ def markdown(
         "",
         narrow(table).to_markdown(index=False, disable_numparse=True),
         "",
+        *_missing_section(table, summary),
         MARKDOWN_LEGEND,
         "",
         SIGNIFICANCE,

@@ -175,6 +175,15 @@ def test_where_the_paper_saw_no_change_none_of_ours_agrees_and_a_significant_one
     assert table.loc["A3", "bleu_agree"] == "yes"  # +0.1 BLEU within its standard errors: no change, as the paper
 
 
+def test_the_report_names_each_conclusion_that_does_not_appear_with_what_was_measured(table):
+    missing = table3.missing_conclusions(table)
+    by_row = {line.split(":")[0] + " " + line.split(" ")[1]: line for line in missing}
+    assert set(by_row) == {"C7 dev", "E1 dev", "A3 dev", "E1 BLEU"}  # two reversed changes, two within 2 SE
+    assert "the opposite direction" in by_row["C7 dev"] and "where the paper saw none" in by_row["E1 dev"]
+    assert "could not have shown it" in by_row["A3 dev"]  # the paper's -0.01 is below 2 SE of three seeds
+    assert f"SE {table.loc['C7', 'ppl_se']:.2f}" in by_row["C7 dev"]
+
+
 def test_fewer_than_three_seeds_give_no_verdict_only_their_count(table):
     assert table.loc["big", "ppl_agree"] == "1 seed" and table.loc["big", "bleu_agree"] == "1 seed"
     assert table.loc["D1", "ppl_agree"] == "2 seeds"  # large change, but one of three seeds diverged
