@@ -21,7 +21,7 @@ from ablations.stopping import stops_cleanly
 from invariants.report import writable_folder
 from model.files import shown_path
 from model.table3 import table3_rows
-from reports import attention, figures, glance, index, progress, table3, table3_formats
+from reports import attention, figures, glance, index, progress, table3, table3_formats, table3_text
 from reports.index import Artifact
 from reports.inputs import (
     ABLATIONS_COMMAND,
@@ -48,7 +48,7 @@ def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]
     summary = table3.summarize(table)
     label = f"{results.budget} (scaled)" if results.scaled else results.budget
     source = f"Inputs: {shown_path(folder)}, produced by: {ABLATIONS_COMMAND.format(budget=results.budget)}"
-    headline = table3_formats.headline(results, table, summary)
+    headline = table3_text.headline(results, table, summary)
     md, page, tex, numbers = table3_formats.write_all(results, table, summary, out_dir / "table3")
     section, fig_dir, skipped = f"Table 3 mirrored, budget {label}", out_dir / "figures" / results.budget, []
     artifacts = []  # the headline rides on the first entry: the agreement figure, else the table

@@ -15,7 +15,7 @@ from pathlib import Path
 from invariants.engine import VERDICTS
 from invariants.suite import PROPERTIES
 from model.files import write_atomic
-from reports import table3, table3_formats
+from reports import table3, table3_text
 from reports.inputs import KILL_MATRIX, MissingInput, budget_folders, load_budget
 
 
@@ -91,7 +91,7 @@ def table3_rows(results_dir: Path, out_dir: Path, root: Path) -> list[str]:
     for folder in folders:
         results = load_budget(folder)
         table = table3.compare(results.runs)
-        headline = table3_formats.headline(results, table, table3.summarize(table))
+        headline = table3_text.headline(results, table, table3.summarize(table))
         date = str(results.runs["date"].dropna().max()) if "date" in results.runs else ""
         commits = sorted(results.runs["commit"].dropna().astype(str)) if "commit" in results.runs else []
         link = _link(out_dir / "table3" / f"{results.budget}.md", root)

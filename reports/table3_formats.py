@@ -16,15 +16,21 @@ from pathlib import Path
 
 import pandas as pd
 
-from ablations.data import PRESETS
-from model.files import shown_path, write_atomic
+from model.files import write_atomic
 from reports.inputs import BudgetResults
 from reports.page import document, stylesheet
-from reports.table3 import METRICS, MIN_SEEDS, PAPER_CONFIG, SIGNIFICANCE, Summary, count_rows, missing_conclusions
+from reports.table3 import METRICS, MIN_SEEDS, PAPER_CONFIG, SIGNIFICANCE, Summary, missing_conclusions
+from reports.table3_text import (
+    CONFIG_LABEL,
+    config_value,
+    headline,
+    metric_text,
+    provenance,
+    steps_text,
+    unfinished_note,
+)
 
 METRIC_LABEL = {"ppl": "PPL (dev)", "bleu": "BLEU (dev)", "params": "params ×10⁶"}
-DECIMALS = {"ppl": 2, "bleu": 1}  # as the paper prints them
-CONFIG_LABEL = {"P_drop": "P_drop", "eps_ls": "ε_ls"}
 LATEX_LABEL = {
     "N": "$N$",
     "d_model": "$d_\\text{model}$",
@@ -49,48 +55,23 @@ LEGEND = (
 )
 
 
-def _metric_text(metric: str, value: float, sd: float = math.nan, signed: bool = False) -> str:
-    """A metric as the paper prints it (PPL 2 decimals, BLEU 1, params in millions to 3 significant digits: 63.1,
-    213, 0.764 for a scaled model), with ± sd when there is a spread."""
-    if math.isnan(value):
-        return ""
-    sign = "+" if signed else ""
-    if metric == "params":
-        text, spread = f"{value:{sign}.3g}", f"{sd:.2g}"
-    else:
-        text, spread = f"{value:{sign}.{DECIMALS[metric]}f}", f"{sd:.{DECIMALS[metric]}f}"
-    text = text.replace("-", "−")
-    return f"{text} ± {spread}" if not math.isnan(sd) and sd > 0 else text
-
-
-def _config_value(column: str, value: object) -> str:
-    """A configuration value as the paper prints it: integers without a decimal point (pandas may carry 6.0)."""
-    if column in ("P_drop", "eps_ls") or not isinstance(value, float) or not value.is_integer():
-        return str(value)
-    return str(int(value))
-
-
-def _steps(value: float) -> str:
-    return "" if math.isnan(value) else (f"{value / 1000:g}K" if value >= 1000 and value % 100 == 0 else f"{value:.0f}")
-
-
 def _config_cells(line: pd.Series, base: pd.Series) -> dict[str, str]:
     """The paper's configuration columns: a value only where it differs from base; a changed pe as text (row E)."""
     is_base = line.name == "base"
     cells = {
-        CONFIG_LABEL.get(c, c): _config_value(c, line[c]) if is_base or line[c] != base[c] else "" for c in PAPER_CONFIG
+        CONFIG_LABEL.get(c, c): config_value(c, line[c]) if is_base or line[c] != base[c] else "" for c in PAPER_CONFIG
     }
     if line["pe"] != base["pe"]:
         cells["N"] = PE_TEXT.get(line["pe"], f"pe = {line['pe']}")
     steps = line["steps"]
-    cells["train steps"] = _steps(steps) if is_base or steps != base["steps"] else ""
+    cells["train steps"] = steps_text(steps) if is_base or steps != base["steps"] else ""
     return cells
 
 
 def _ours_text(line: pd.Series, metric: str) -> str:
     if line["seeds"] == 0:
         return "did not finish" if line["not_finished"] else "not run"
-    return _metric_text(metric, line[metric], line[f"{metric}_sd"])
+    return metric_text(metric, line[metric], line[f"{metric}_sd"])
 
 
 def display(table: pd.DataFrame) -> pd.DataFrame:
@@ -100,9 +81,9 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
     for name, line in table.iterrows():
         cells = {("", k): v for k, v in _config_cells(line, base).items()}
         for m in METRICS:
-            paper = _metric_text(m, line[f"{m}_paper"])
-            delta = "" if name == "base" else _metric_text(m, line[f"{m}_delta"], line[f"{m}_se"], signed=True)
-            paper_delta = "" if name == "base" else _metric_text(m, line[f"{m}_paper_delta"], signed=True)
+            paper = metric_text(m, line[f"{m}_paper"])
+            delta = "" if name == "base" else metric_text(m, line[f"{m}_delta"], line[f"{m}_se"], signed=True)
+            paper_delta = "" if name == "base" else metric_text(m, line[f"{m}_paper_delta"], signed=True)
             cells |= {
                 (METRIC_LABEL[m], "ours"): _ours_text(line, m),
                 (METRIC_LABEL[m], "paper"): paper,
@@ -121,94 +102,6 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
     return shown
 
 
-def _span(values: pd.Series, text) -> str:
-    low, high = text(values.min()), text(values.max())
-    return low if low == high else f"{low} to {high}"
-
-
-def _throughput(base: pd.Series) -> str:
-    """The base row's training speed (medians over its seeds), each figure shown when known."""
-    parts = [
-        f"{base['tokens_per_s']:,.0f} source+target tokens/s in training"
-        if not math.isnan(base["tokens_per_s"])
-        else "",
-        f"{base['gemm_fraction']:.0%} of the machine's measured GEMM rate"
-        if not math.isnan(base["gemm_fraction"])
-        else "",
-    ]
-    known = ", ".join(part for part in parts if part)
-    return f"base {known} (median over seeds; every row's in the HTML and CSV tables)" if known else "unknown"
-
-
-def provenance(results: BudgetResults, table: pd.DataFrame) -> list[tuple[str, str]]:
-    """What produced the table, for its header: budget, data, device, torch, commit, date, steps, tokens, throughput,
-    sacreBLEU."""
-    runs = results.runs
-
-    def unique(column: str) -> str:
-        values = runs[column].dropna().astype(str).unique() if column in runs else []
-        return ", ".join(sorted(values)) or "unknown"
-
-    budget = (
-        f"{results.budget} (scaled: a shrunken model and data, for directions, not the paper's values)"
-        if results.scaled
-        else results.budget
-    )
-    base = table.loc["base"]
-    steps = table["steps"].dropna()
-    dates = runs["date"].dropna().astype(str) if "date" in runs else pd.Series(dtype=str)
-    ran = table.loc[table["seeds"] > 0, "seeds"]
-    not_run = [n for n, s, f in zip(table.index, table["seeds"], table["not_finished"]) if s == 0 and f == 0]
-    base_config = ", ".join(f"{CONFIG_LABEL.get(c, c)}={_config_value(c, base[c])}" for c in (*PAPER_CONFIG, "pe"))
-    return [
-        ("budget", budget),
-        ("base configuration", base_config),
-        ("data", f"preset {unique('preset')}" + "".join(f", {k}={v}" for k, v in results.data.items())),
-        ("training", ", ".join(f"{k}={v}" for k, v in results.train.items()) or "unknown"),
-        ("model", unique("model_spec")),
-        ("device", unique("device")),
-        ("torch", unique("torch")),
-        ("commit", unique("commit")),
-        ("date", f"{dates.min()} to {dates.max()}" if len(dates) else "unknown"),
-        (
-            "steps",
-            f"base {_steps(base['steps']) or 'not run'}; all rows {_span(steps, _steps)} (paper: 100K, big 300K)"
-            if len(steps)
-            else "none",
-        ),
-        ("tokens seen", f"base {base['tokens_seen']:,.0f}" if not math.isnan(base["tokens_seen"]) else "unknown"),
-        ("throughput", _throughput(base)),
-        (
-            "seeds",
-            f"{_span(ran, str)} finished per row that ran; not run: {', '.join(not_run) or 'none'}"
-            if len(ran)
-            else "no finished run",
-        ),
-        ("sacreBLEU", unique("sacrebleu_signature")),
-        (
-            "results",
-            shown_path(results.folder)
-            + (
-                f"; superseded by a newer run of the same row and seed: {', '.join(results.superseded)}"
-                if results.superseded
-                else ""
-            ),
-        ),
-    ]
-
-
-def unfinished_note(runs: pd.DataFrame) -> str:
-    """Runs that diverged or failed, each with its error, so that no result goes missing silently."""
-    if "status" not in runs:
-        return ""
-    bad = runs[runs["status"] != "finished"]
-    errors = bad["error"] if "error" in bad else pd.Series("", index=bad.index)
-    return "; ".join(
-        f"{row} seed {seed}: {status}" + (f" ({error})" if isinstance(error, str) and error else "")
-        for row, seed, status, error in zip(bad["row"], bad["seed"], bad["status"], errors)
-    )
-
-
 # --- Markdown --------------------------------------------------------------------------------------------------
 
 SHORT = {"ppl": "PPL", "bleu": "BLEU", "params": "params"}
@@ -217,10 +110,10 @@ SHORT = {"ppl": "PPL", "bleu": "BLEU", "params": "params"}
 def _changes_text(line: pd.Series, base: pd.Series) -> str:
     """A row's configuration as its changes against base, e.g. 'h=1, d_k=64, d_v=64' (our values: a budget may scale)."""
     changed = [
-        f"{CONFIG_LABEL.get(c, c)}={_config_value(c, line[c])}" for c in (*PAPER_CONFIG, "pe") if line[c] != base[c]
+        f"{CONFIG_LABEL.get(c, c)}={config_value(c, line[c])}" for c in (*PAPER_CONFIG, "pe") if line[c] != base[c]
     ]
     if line["steps"] != base["steps"] and not math.isnan(line["steps"]):
-        changed.append(f"steps={_steps(line['steps'])}")
+        changed.append(f"steps={steps_text(line['steps'])}")
     return ", ".join(changed)
 
 
@@ -232,8 +125,8 @@ def _verdicts_text(line: pd.Series) -> str:
     shared = verdicts.pop() if len(verdicts) == 1 and next(iter(verdicts)).endswith(("seed", "seeds")) else None
 
     def change(m: str) -> str:
-        paper = "0" if line[f"{m}_paper_delta"] == 0 else _metric_text(m, line[f"{m}_paper_delta"], signed=True)
-        text = f"{SHORT[m]} {_metric_text(m, line[f'{m}_delta'], signed=True)}/{paper}"
+        paper = "0" if line[f"{m}_paper_delta"] == 0 else metric_text(m, line[f"{m}_paper_delta"], signed=True)
+        text = f"{SHORT[m]} {metric_text(m, line[f'{m}_delta'], signed=True)}/{paper}"
         return text if shared else f"{text} {line[f'{m}_agree']}"
 
     return " · ".join(change(m) for m in shown) + (f" ({shared})" if shared else "")
@@ -246,7 +139,7 @@ def narrow(table: pd.DataFrame) -> pd.DataFrame:
     for name, line in table.iterrows():
         cells = {"row": name, "changes": "" if name == "base" else _changes_text(line, base)}
         for m in METRICS:
-            cells[f"{SHORT[m]} paper"] = _metric_text(m, line[f"{m}_paper"])
+            cells[f"{SHORT[m]} paper"] = metric_text(m, line[f"{m}_paper"])
             cells[f"{SHORT[m]} ours"] = _ours_text(line, m)
         cells["seeds"] = str(line["seeds"])
         cells["Δ ours/paper, verdict"] = "" if name == "base" else _verdicts_text(line)
@@ -412,54 +305,6 @@ def latex(
         + "\n".join(comments)
         + "\n"
         + tex
-    )
-
-
-def init_text(runs: pd.DataFrame) -> str:
-    """The init rule base's runs started from (model/init.py); runs recorded before the rule was a config field drew
-    Xavier at their own width."""
-    base = runs[runs["row"] == "base"] if "row" in runs else runs.iloc[:0]
-    init = base["init"].dropna().iloc[0] if "init" in base and base["init"].notna().any() else "xavier"
-    width = base["init_width"].dropna().iloc[0] if "init_width" in base and base["init_width"].notna().any() else 0
-    if init == "normal":
-        return "init N(0, 0.02)"
-    return f"Xavier init with the stds of d_model {width:.0f}" if width else "Xavier init at its own width"
-
-
-def headline(results: BudgetResults, table: pd.DataFrame, summary: Summary) -> str:
-    """The budget's summary line: what was trained (sizes, data, steps, seeds), base's dev BLEU, and at the final step
-    the share of rows agreeing with the paper and Spearman's rho of PPL, whatever they are."""
-    base, paper_width = table.loc["base"], 512
-    width = base["d_model"]
-    sizes = (
-        "the paper's sizes"
-        if math.isnan(width) or width == paper_width
-        else f"scaled sizes (d_model {width:.0f} = the paper's /{paper_width / width:g})"
-    )
-    presets = results.runs["preset"].dropna().unique() if "preset" in results.runs else []
-    data = (
-        ", ".join(f"{p} (dev {PRESETS[p].dev})" if p in PRESETS else str(p) for p in sorted(presets)) or "unknown data"
-    )
-    limits = [
-        f"first {results.data[k]} {what} pairs"
-        for k, what in (("max_train_pairs", "training"), ("dev_pairs", "dev"))
-        if results.data.get(k)
-    ]
-    data += "".join(f", {limit}" for limit in limits) + ("" if "wmt14" in presets else ", not the paper's WMT 2014")
-    ran = table.loc[table["seeds"] > 0, "seeds"]
-    seeds = f"{_span(ran, str)} seed{'' if ran.max() == 1 else 's'} per row" if len(ran) else "no finished run"
-    steps = f"{_steps(base['steps'])} steps (base)" if not math.isnan(base["steps"]) else "base not finished"
-    bleu = "not finished" if base["seeds"] == 0 else _metric_text("bleu", base["bleu"], base["bleu_sd"])
-    ppl = summary.tallies["ppl"]
-    share = (
-        f"{ppl.share:.0%} ({ppl.agree} of {ppl.judged} judged rows)"
-        if ppl.judged
-        else f"no verdict (fewer than 3 seeds: {count_rows(ppl.few_seeds)})"
-    )
-    rho = "n/a" if math.isnan(summary.spearman_ppl) else f"{summary.spearman_ppl:.2f} over {summary.spearman_rows} rows"
-    return (
-        f"Budget {results.budget}: {sizes}, {init_text(results.runs)}, {data}, {steps}, {seeds}. Base dev BLEU {bleu}. At the final step: "
-        f"dev-PPL changes agreeing with the paper {share}; Spearman ρ of dev PPL vs the paper's {rho}."
     )
 
 

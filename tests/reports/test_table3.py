@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from model.table3 import paper_architecture_params, table3_rows
-from reports import table3, table3_formats
+from reports import table3, table3_formats, table3_text
 from reports.inputs import load_budget
 
 PAPER = {r.name: r for r in table3_rows()}
@@ -204,7 +204,7 @@ def test_an_older_run_of_the_same_row_and_seed_is_superseded_and_named(tmp_path)
     results = load_budget(folder)
     assert results.superseded == ["base-s0-0ldc0nf1"]
     assert table3.compare(results.runs).loc["base", "ppl"] == pytest.approx(10.2)  # the newer runs only
-    header = dict(table3_formats.provenance(results, table3.compare(results.runs)))
+    header = dict(table3_text.provenance(results, table3.compare(results.runs)))
     assert "base-s0-0ldc0nf1" in header["results"]
 
 
@@ -351,7 +351,7 @@ def test_markdown_header_says_what_produced_it(rendered):
 
 
 def test_headline_states_sizes_data_steps_seeds_base_bleu_agreement_and_spearman(results, table):
-    line = table3_formats.headline(results, table, table3.summarize(table))
+    line = table3_text.headline(results, table, table3.summarize(table))
     rho = table3.summarize(table).spearman_ppl
     for fact in (
         "the paper's sizes",
