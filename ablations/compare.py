@@ -30,7 +30,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import ScalarFormatter  # noqa: E402
+from matplotlib.ticker import LogFormatter, ScalarFormatter  # noqa: E402
 
 from ablations import options  # noqa: E402
 from ablations import runs as R  # noqa: E402
@@ -193,6 +193,7 @@ def figure(found: pd.DataFrame, path: Path, title: str) -> None:
         )
         ax.set(yscale="log", title=f"row {row}", ylabel="dev PPL", xlabel="step")
         ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(LogFormatter())  # 20, 30 rather than 2×10¹
     handles = [Line2D([], [], color=palette[m], marker="o", label=m) for m in models]
     fig.legend(
         handles=handles,
