@@ -92,6 +92,24 @@ def test_a_compare_entry_is_a_spec_and_an_init_rule():
         compare.parse_entry("reference@he", "xavier")
 
 
+def test_the_compare_figure_has_one_panel_per_row_four_to_a_line(tmp_path, monkeypatch):
+    found = pd.DataFrame(
+        [
+            {"model": m, "row": r, "seed": 1, "step": s, "dev_ppl": 300 / s**0.5}
+            for m in ("a", "b")
+            for r in ("base", "A1", "B1", "C1", "C3")
+            for s in (250, 500)
+        ]
+    )
+    drawn = []
+    monkeypatch.setattr(compare.plt, "close", drawn.append)
+    compare.figure(found, tmp_path / "f.png", "five rows")
+    panels = drawn[0].axes
+    assert [ax.get_title() for ax in panels if ax.get_visible()] == ["row base", "row A1", "row B1", "row C1", "row C3"]
+    assert len(panels) == 8 and {ax.get_subplotspec().get_geometry()[:2] for ax in panels} == {(2, 4)}
+    assert (tmp_path / "f.png").stat().st_size > 0
+
+
 @pytest.mark.slow
 @needs_data
 def test_compare_trains_each_entry_on_the_same_batches_and_draws_one_curve_per_entry(tmp_path_factory, tmp_path):
