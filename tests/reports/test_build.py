@@ -69,19 +69,28 @@ def write_invariants(folder: Path) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """One build of everything from the fixed results; the figures it saves are kept, by file name, to read back."""
-    root = tmp_path_factory.mktemp("build")
-    write_fixture(root / "results")
-    write_invariants(root / "invariants")
+def reports_argv(root: Path, results: str = "results", invariants: str = "invariants") -> list[str]:
+    """`python -m reports` on root/<results> and root/<invariants>, into root/out."""
+    return ["--results", str(root / results), "--invariants", str(root / invariants), "--out", str(root / "out")]
+
+
+def build_drawn(root: Path, results: str = "results", invariants: str = "invariants") -> tuple[int, dict]:
+    """A build whose figures are kept by file name, to read back, with what it printed on stderr under "stderr"."""
     drawn, save = {}, figures._save
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(io.StringIO()) as err:
         patch.setattr(figures, "_save", lambda fig, path: drawn.setdefault(path.name, save(fig, path)))
-        code = main(
-            ["--results", str(root / "results"), "--invariants", str(root / "invariants"), "--out", str(root / "out")]
-        )
+        code = main(reports_argv(root, results, invariants))
     drawn["stderr"] = err.getvalue()
+    return code, drawn
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """One build of everything from the fixed results."""
+    root = tmp_path_factory.mktemp("build")
+    write_fixture(root / "results")
+    write_invariants(root / "invariants")
+    code, drawn = build_drawn(root)
     return code, root, drawn
 
 
@@ -135,9 +144,7 @@ def test_index_links_every_report_with_its_command(built):
 
 
 def test_missing_inputs_are_one_line_each_naming_the_command(tmp_path, capsys):
-    code = main(
-        ["--results", str(tmp_path / "none"), "--invariants", str(tmp_path / "none"), "--out", str(tmp_path / "out")]
-    )
+    code = main(reports_argv(tmp_path, results="none", invariants="none"))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 2
     assert "nox -s ablations -- run --budget smoke" in err[0] and "nox -s invariants" in err[1]
@@ -148,16 +155,7 @@ def test_with_only_invariants_the_rest_is_built_and_the_skip_reported(tmp_path, 
     write_invariants(tmp_path / "invariants")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "bench.md").write_text("# Benchmark\n")  # what `nox -s bench` leaves beside the reports
-    code = main(
-        [
-            "--results",
-            str(tmp_path / "none"),
-            "--invariants",
-            str(tmp_path / "invariants"),
-            "--out",
-            str(tmp_path / "out"),
-        ]
-    )
+    code = main(reports_argv(tmp_path, results="none"))
     err = capsys.readouterr().err
     assert code == 0 and "skipped: Table 3" in err and "Traceback" not in err
     assert (tmp_path / "out" / "figures" / "kill_matrix.png").is_file()
@@ -257,16 +255,7 @@ def test_verdict_heatmap_labels_each_cell_with_its_verdict(built):
 def test_a_damaged_invariants_report_is_one_line_naming_it(tmp_path, capsys):
     write_invariants(tmp_path / "invariants")
     (tmp_path / "invariants" / "torch-nn.json").write_text('{"model": "torch-nn", "propert')
-    code = main(
-        [
-            "--results",
-            str(tmp_path / "none"),
-            "--invariants",
-            str(tmp_path / "invariants"),
-            "--out",
-            str(tmp_path / "out"),
-        ]
-    )
+    code = main(reports_argv(tmp_path, results="none"))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 2 and "torch-nn.json is not an invariants report (JSONDecodeError" in err[1]
 
@@ -274,19 +263,7 @@ def test_a_damaged_invariants_report_is_one_line_naming_it(tmp_path, capsys):
 def test_two_budgets_that_translate_get_one_figure_of_their_verdicts_side_by_side(tmp_path):
     write_fixture(tmp_path / "results", "cpu")
     write_fixture(tmp_path / "results", "smoke")
-    drawn, save = {}, figures._save
-    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(io.StringIO()):
-        patch.setattr(figures, "_save", lambda fig, path: drawn.setdefault(path.name, save(fig, path)))
-        main(
-            [
-                "--results",
-                str(tmp_path / "results"),
-                "--invariants",
-                str(tmp_path / "none"),
-                "--out",
-                str(tmp_path / "out"),
-            ]
-        )
+    _, drawn = build_drawn(tmp_path, invariants="none")
     side = drawn["budgets_side_by_side.png"]
     for ax in side.axes:
         columns = [t.get_text().splitlines()[0] for t in ax.get_xticklabels()]
