@@ -21,7 +21,7 @@ from ablations.stopping import stops_cleanly
 from invariants.report import writable_folder
 from model.files import shown_path
 from model.table3 import table3_rows
-from reports import attention, figures, glance, index, progress, table3, table3_formats, table3_text
+from reports import attention, figures, glance, heatmaps, index, progress, table3, table3_formats, table3_text
 from reports.index import Artifact
 from reports.inputs import (
     ABLATIONS_COMMAND,
@@ -160,7 +160,7 @@ def build_side_by_side(tables: dict[str, pd.DataFrame], out_dir: Path) -> list[A
     if len(tables) < 2:
         return []
     path = out_dir / "figures" / "budgets_side_by_side.png"
-    figures.budgets_side_by_side(tables, path, f"Table 3's verdicts under each budget: {', '.join(tables)}")
+    heatmaps.budgets_side_by_side(tables, path, f"Table 3's verdicts under each budget: {', '.join(tables)}")
     return [
         Artifact(
             "Budgets side by side",
@@ -177,8 +177,8 @@ def build_invariants(folder: Path, out_dir: Path) -> list[Artifact]:
     section, artifacts = "Invariants", []
     if len(inv.verdicts):
         path = out_dir / "figures" / "invariants_verdicts.png"
-        figures.verdict_heatmap(
-            inv.verdicts, "model", path, "Invariants: verdict per model and property", figures.VERDICTS
+        heatmaps.verdict_heatmap(
+            inv.verdicts, "model", path, "Invariants: verdict per model and property", heatmaps.VERDICTS
         )
         tally = inv.verdicts.groupby("model")["verdict"].value_counts().unstack(fill_value=0)
         note = "; ".join(
@@ -187,8 +187,8 @@ def build_invariants(folder: Path, out_dir: Path) -> list[Artifact]:
         artifacts.append(Artifact(section, "Verdict matrix (models x properties)", path, REBUILD, note))
     if len(inv.kills):
         path = out_dir / "figures" / "kill_matrix.png"
-        figures.verdict_heatmap(
-            inv.kills, "mutant", path, "Mutant kill matrix: a failing property kills the mutant", figures.KILLS
+        heatmaps.verdict_heatmap(
+            inv.kills, "mutant", path, "Mutant kill matrix: a failing property kills the mutant", heatmaps.KILLS
         )
         killed = inv.kills[inv.kills["verdict"] == "fail"]["mutant"].nunique()
         note = f"{killed} of {inv.kills['mutant'].nunique()} mutants killed by at least one property"

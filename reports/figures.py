@@ -1,6 +1,6 @@
 """Figures (seaborn, Agg backend): when the paper's conclusions appear (agreement and Spearman against steps), our
-change against the paper's per row (scatter) and per group, training curves, tokens/s, params against dev PPL, and
-the invariants verdict and mutant kill matrices as heatmaps. Panels with nothing to show are left out.
+change against the paper's per row (scatter) and per group, training curves, tokens/s, params against dev PPL (the
+heatmaps are in reports/heatmaps.py). Panels with nothing to show are left out.
 
 Each function draws one figure from data already read (reports.inputs, reports.table3), saves it as PNG and
 returns the matplotlib Figure so that tests can read its panels.
@@ -17,30 +17,15 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
-from matplotlib.colors import ListedColormap  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter  # noqa: E402
 
-from reports.table3 import AGREE, DISAGREE, MIN_SEEDS, NOT_COMPARABLE, NOT_SIGNIFICANT, SE_MULTIPLE, per_run, summarize  # noqa: E402
+from reports.table3 import AGREE, DISAGREE, MIN_SEEDS, NOT_COMPARABLE, NOT_SIGNIFICANT, SE_MULTIPLE, per_run  # noqa: E402
 
 sns.set_theme(context="paper", style="whitegrid")
 GROUPS = ("A", "B", "C", "D", "E")
 GROUP_COLOR = dict(zip(("base", *GROUPS, "big"), sns.color_palette("deep", 7)))  # one color per group in every panel
 SOURCE_COLOR = {"ours": "#4c72b0", "paper": "#c44e52"}
-# verdict -> (color, cell label, legend entry); "missing" is a property a report does not cover
-VERDICTS = {
-    "pass": ("#55a868", "pass", "pass"),
-    "fail": ("#c44e52", "FAIL", "fail"),
-    "not_applicable": ("#bbbbbb", "n/a", "not applicable"),
-    "missing": ("#ffffff", "", "not in the report"),
-}
-KILLS = {
-    "fail": ("#c44e52", "x", "x: the property fails, killing the mutant"),
-    "pass": ("#eeeeee", "", "passes"),
-    "not_applicable": ("#bbbbbb", "n/a", "not applicable"),
-    "missing": ("#ffffff", "", "not in the matrix"),
-}
 
 VERDICT_COLOR = {AGREE: "#55a868", DISAGREE: "#c44e52", NOT_SIGNIFICANT: "#999999"}
 FEW_SEEDS_COLOR = "#4c72b0"
@@ -258,84 +243,6 @@ def change_against_change(table: pd.DataFrame, path: Path, title: str) -> plt.Fi
     return _save(fig, path)
 
 
-def budgets_side_by_side(tables: dict[str, pd.DataFrame], path: Path, title: str) -> plt.Figure:
-    """The verdicts of several budgets' grids side by side: one panel per metric, Table 3 rows down, budgets across,
-    each cell coloured by the row's verdict against the paper and labelled with our change against base; each
-    budget's column names its agreement share and Spearman's rho. Rows no budget ran are left out."""
-    metrics = [m for m in ("ppl", "bleu") if m == "ppl" or any(has_bleu(t) for t in tables.values())]
-    first = next(iter(tables.values()))
-    rows = [r for r in first.index if r != "base" and any(t.loc[r, "seeds"] > 0 for t in tables.values())]
-    fig, axes = plt.subplots(
-        1, len(metrics), figsize=(1.2 + 2.1 * len(tables) * len(metrics), 1.4 + 0.28 * len(rows)), squeeze=False
-    )
-    palette = {**VERDICT_COLOR, "few seeds": FEW_SEEDS_COLOR, NOT_COMPARABLE: "#ffffff", "not run": "#ffffff"}
-    shown = set()
-    for ax, m in zip(axes[0], metrics):
-        columns = {}
-        for budget, table in tables.items():
-            summary = summarize(table)
-            share = summary.tallies[m].share
-            rho = "" if m != "ppl" or pd.isna(summary.spearman_ppl) else f", ρ {summary.spearman_ppl:+.2f}"
-            columns[f"{budget}\n{'n/a' if pd.isna(share) else f'{share:.0%}'} agree{rho}"] = budget
-        verdicts = pd.DataFrame(
-            {
-                label: [tables[b].loc[r, f"{m}_agree"] if tables[b].loc[r, "seeds"] > 0 else "not run" for r in rows]
-                for label, b in columns.items()
-            },
-            index=rows,
-        )
-        changes = pd.DataFrame(
-            {label: [tables[b].loc[r, f"{m}_delta"] for r in rows] for label, b in columns.items()}, index=rows
-        )
-        labels = changes.map(lambda d: "" if pd.isna(d) else f"{d:+.3g}")
-        kinds = verdicts.map(lambda v: v if v in palette else "few seeds")
-        shown |= set(kinds.to_numpy().ravel())
-        sns.heatmap(
-            kinds.map(list(palette).index),
-            annot=labels,
-            fmt="",
-            cbar=False,
-            vmin=-0.5,
-            vmax=len(palette) - 0.5,
-            cmap=ListedColormap(list(palette.values())),
-            linewidths=0.5,
-            linecolor="#dddddd",
-            annot_kws={"fontsize": 7},
-            ax=ax,
-        )
-        paper = first.loc[rows, f"{m}_paper_delta"]
-        ax.set_yticks(
-            [i + 0.5 for i in range(len(rows))],
-            [f"{r} (paper {d:+.2g})" if pd.notna(d) else r for r, d in zip(rows, paper)],
-            rotation=0,
-            fontsize=7,
-        )
-        ax.tick_params(axis="x", rotation=0, labelsize=7)
-        ax.set(xlabel="", ylabel="", title=f"change in dev {m.upper()} against base")
-    legend = {
-        AGREE: "agrees",
-        DISAGREE: "disagrees",
-        NOT_SIGNIFICANT: "not significant",
-        "few seeds": f"fewer than {MIN_SEEDS} seeds",
-        "not run": "not run / no paper value",
-    }
-    fig.legend(
-        handles=[
-            Patch(facecolor=palette[k], edgecolor="#999", label=text)
-            for k, text in legend.items()
-            if k in shown or (k == "not run" and NOT_COMPARABLE in shown)
-        ],
-        loc="lower center",
-        ncol=5,
-        frameon=False,
-        fontsize=7,
-        bbox_to_anchor=(0.5, -0.02),
-    )
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    return _save(fig, path)
-
-
 def tokens_per_second(runs: pd.DataFrame, path: Path, title: str, order: list[str]) -> plt.Figure:
     """Training throughput per row (mean over seeds, sd as error bar) and, where the runs measured it, the share of
     the machine's fp32 GEMM rate that the step's model FLOPs reach."""
@@ -372,42 +279,4 @@ def params_against_ppl(table: pd.DataFrame, path: Path, title: str) -> plt.Figur
     fig.legend(handles=handles, title="group", loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.suptitle(title)
     fig.tight_layout()
-    return _save(fig, path)
-
-
-def verdict_heatmap(long: pd.DataFrame, index: str, path: Path, title: str, palette: dict) -> plt.Figure:
-    """A categorical heatmap: `index` (models or mutants) by property, each cell colored and labelled by verdict;
-    each row's label counts its failing properties (for a mutant, 0 means no property catches it)."""
-    wide = long.pivot_table(index=index, columns="property", values="verdict", aggfunc="first", sort=False)
-    wide = wide.fillna("missing").where(wide.isin(list(palette)), "missing")
-    wide.index = [f"{name} ({(row == 'fail').sum()} fail)" for name, row in wide.iterrows()]
-    codes = wide.map(list(palette).index)
-    labels = wide.map(lambda v: palette[v][1])
-    fig, ax = plt.subplots(figsize=(2.0 + 0.32 * wide.shape[1], 1.6 + 0.3 * wide.shape[0]))
-    sns.heatmap(
-        codes,
-        annot=labels,
-        fmt="",
-        cmap=ListedColormap([c for c, _, _ in palette.values()]),
-        vmin=-0.5,
-        vmax=len(palette) - 0.5,
-        cbar=False,
-        linewidths=0.5,
-        linecolor="white",
-        annot_kws={"fontsize": 7},
-        ax=ax,
-    )
-    ax.set(xlabel="", ylabel="")
-    ax.set_title(title, pad=22)
-    ax.tick_params(axis="x", rotation=90)
-    ax.tick_params(axis="y", rotation=0)
-    shown = set(wide.to_numpy().ravel())
-    ax.legend(
-        handles=[Patch(facecolor=c, edgecolor="#999", label=text) for v, (c, _, text) in palette.items() if v in shown],
-        loc="lower left",
-        bbox_to_anchor=(0, 1.0),
-        ncol=4,
-        frameon=False,
-        fontsize=7,
-    )
     return _save(fig, path)
