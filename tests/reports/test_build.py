@@ -15,7 +15,7 @@ import pytest
 from reports import figures, table3
 from reports.__main__ import main
 from reports.inputs import load_budget
-from tests.reports.test_table3 import write_fixture
+from tests.reports.table3_fixture import write_fixture
 
 MODELS = {
     "reference:big": {"causal_mask": "pass", "kv_cache": "pass", "softmax_rows": "pass"},
