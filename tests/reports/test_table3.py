@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from model.table3 import table3_rows
@@ -74,6 +75,25 @@ def test_the_report_names_each_conclusion_that_does_not_appear_with_what_was_mea
     assert "the opposite direction" in by_row["C7 dev"] and "where the paper saw none" in by_row["E1 dev"]
     assert "could not have shown it" in by_row["A3 dev"]  # the paper's -0.01 is below 2 SE of three seeds
     assert f"SE {table.loc['C7', 'ppl_se']:.2f}" in by_row["C7 dev"]
+
+
+def test_a_change_the_seeds_could_have_shown_but_did_not_is_told_apart_from_one_below_their_resolution():
+    lines = pd.DataFrame(
+        {
+            "ppl_agree": ["n.s.", "n.s."],
+            "ppl_delta": [0.1, 0.1],
+            "ppl_se": [0.2, 0.2],
+            "ppl_paper_delta": [1.2, 0.3],  # beyond 2 SE (0.4) of ours; within it
+            "bleu_agree": ["yes", "yes"],
+            "bleu_delta": [0.0, 0.0],
+            "bleu_se": [0.5, 0.5],
+            "bleu_paper_delta": [0.0, 0.0],
+        },
+        index=["C1", "A2"],
+    )
+    first, second = table3.missing_conclusions(lines)
+    assert first.startswith("C1:") and "where the paper's change would have shown" in first
+    assert second.startswith("A2:") and "could not have shown it" in second
 
 
 def test_fewer_than_three_seeds_give_no_verdict_only_their_count(table):
