@@ -227,7 +227,8 @@ def missing_conclusions(table: pd.DataFrame) -> list[str]:
                 lines.append(f"{measured}: the opposite direction, beyond {SE_MULTIPLE:g} SE")
             elif verdict_ == NOT_SIGNIFICANT and abs(paper) > SE_MULTIPLE * se:
                 lines.append(
-                    f"{measured}: within {SE_MULTIPLE:g} SE of none, where the paper's change would have shown"
+                    f"{measured}: within {SE_MULTIPLE:g} SE of none, "
+                    "though a change the size of the paper's would have shown"
                 )
             elif verdict_ == NOT_SIGNIFICANT:
                 lines.append(

@@ -92,7 +92,7 @@ def test_a_change_the_seeds_could_have_shown_but_did_not_is_told_apart_from_one_
         index=["C1", "A2"],
     )
     first, second = table3.missing_conclusions(lines)
-    assert first.startswith("C1:") and "where the paper's change would have shown" in first
+    assert first.startswith("C1:") and "though a change the size of the paper's would have shown" in first
     assert second.startswith("A2:") and "could not have shown it" in second
 
 
