@@ -18,8 +18,11 @@ EXAMPLES = {"dev": 10, "ci": 10, "thorough": 200}  # drawn cases per property in
 
 
 def register() -> None:
-    settings.register_profile("dev", deadline=None)
-    settings.register_profile("thorough", max_examples=1000, deadline=None)
+    """dev and thorough on hypothesis's own default, not on whichever profile is loaded (ci where CI is set), so
+    that they stay random everywhere."""
+    default = settings.get_profile("default")
+    settings.register_profile("dev", parent=default, deadline=None)
+    settings.register_profile("thorough", parent=default, max_examples=1000, deadline=None)
 
 
 def profile(name: str) -> settings:
