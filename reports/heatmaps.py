@@ -48,11 +48,11 @@ def budgets_side_by_side(tables: dict[str, pd.DataFrame], path: Path, title: str
         NOT_COMPARABLE: "#ffffff",
         "not run": "#ffffff",
     }
+    summaries = {budget: summarize(table) for budget, table in tables.items()}
     shown = set()
     for ax, m in zip(axes[0], metrics):
         columns = {}
-        for budget, table in tables.items():
-            summary = summarize(table)
+        for budget, summary in summaries.items():
             share = summary.tallies[m].share
             rho = "" if m != "ppl" or pd.isna(summary.spearman_ppl) else f", ρ {summary.spearman_ppl:+.2f}"
             columns[f"{budget}\n{'n/a' if pd.isna(share) else f'{share:.0%}'} agree{rho}"] = budget
