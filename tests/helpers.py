@@ -58,7 +58,10 @@ def runs_folder(tmp: Path, cache: Path) -> Path:
     return tmp
 
 
-def ablations_argv(runs: Path, rows: str = "base", *extra: str) -> list[str]:
+def ablations_argv(
+    runs: Path, rows: str = "base", *extra: str, steps: int = STEPS, dev_pairs: int = DEV_PAIRS
+) -> list[str]:
+    """`python -m ablations run` of the smoke budget on the CPU, shortened to steps and dev_pairs."""
     return [
         "run",
         "--budget",
@@ -66,9 +69,9 @@ def ablations_argv(runs: Path, rows: str = "base", *extra: str) -> list[str]:
         "--rows",
         rows,
         "--steps",
-        str(STEPS),
+        str(steps),
         "--dev-pairs",
-        str(DEV_PAIRS),
+        str(dev_pairs),
         "--device",
         "cpu",
         "--runs",

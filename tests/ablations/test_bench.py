@@ -19,41 +19,18 @@ from tests.helpers import needs_data
 TINY = "N=1,d_model=32,d_ff=64,h=2,d_k=16,d_v=16,vocab_size=1000"
 
 
+def tiny_bench(out: Path, runs: Path, *extra: str) -> int:
+    """`python -m ablations.bench` on one step and two short sentences of a one-layer model: every variant, quickly."""
+    sizes = ["--steps", "1", "--batch-tokens", "300", "--decode-sentences", "2", "--decode-length", "6"]
+    rest = ["--extra", "2", "--decode-reps", "1", "--sizes", "base", "--vocab", "1000", "--threads", "1"]
+    data = ["--config", TINY, "--preset", "multi30k", "--out", str(out), "--runs", str(runs)]
+    return main([*sizes, *rest, *data, *extra])
+
+
 @needs_data
 def test_bench_writes_markdown_and_json_for_every_variant(tmp_path):
     out = tmp_path / "new-folder" / "bench.md"  # made when the report is written
-    code = main(
-        [
-            "--steps",
-            "1",
-            "--warmup",
-            "1",
-            "--batch-tokens",
-            "300",
-            "--decode-sentences",
-            "2",
-            "--decode-length",
-            "6",
-            "--extra",
-            "2",
-            "--decode-reps",
-            "1",
-            "--sizes",
-            "base",
-            "--vocab",
-            "1000",
-            "--threads",
-            "1",
-            "--config",
-            TINY,
-            "--preset",
-            "multi30k",
-            "--out",
-            str(out),
-            "--runs",
-            str(tmp_path / "runs"),
-        ]
-    )
+    code = tiny_bench(out, tmp_path / "runs", "--warmup", "1")
     assert code == 0
     report = json.loads(out.with_suffix(".json").read_text())
     variants = [r["variant"] for r in report["training"]]
@@ -107,40 +84,7 @@ def test_the_strided_before_cache_keeps_cross_attention_keys_and_values_strided_
 @needs_data
 def test_bench_by_cpu_time_says_so_and_leaves_out_the_thread_count_variants(tmp_path):
     out = tmp_path / "bench.md"
-    code = main(
-        [
-            "--steps",
-            "1",
-            "--warmup",
-            "0",
-            "--batch-tokens",
-            "300",
-            "--decode-sentences",
-            "2",
-            "--decode-length",
-            "6",
-            "--extra",
-            "2",
-            "--decode-reps",
-            "1",
-            "--sizes",
-            "base",
-            "--vocab",
-            "1000",
-            "--threads",
-            "1",
-            "--clock",
-            "cpu",
-            "--config",
-            TINY,
-            "--preset",
-            "multi30k",
-            "--out",
-            str(out),
-            "--runs",
-            str(tmp_path / "runs"),
-        ]
-    )
+    code = tiny_bench(out, tmp_path / "runs", "--warmup", "0", "--clock", "cpu")
     assert code == 0
     report = json.loads(out.with_suffix(".json").read_text())
     assert not [r for r in report["training"] if "thread count" in r["variant"] or "all of the above" in r["variant"]]

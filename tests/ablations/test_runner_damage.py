@@ -23,7 +23,7 @@ from ablations.train import (
 )
 from model import Transformer, TransformerConfig
 from reports.inputs import budget_folders, load_budget
-from tests.helpers import logged, needs_data, result, runs_folder, smoke_cache
+from tests.helpers import ablations_argv, logged, needs_data, result, runs_folder, smoke_cache
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 DAMAGE = {
@@ -37,21 +37,7 @@ DAMAGE = {
 
 
 def argv(runs, rows="D1,D2"):
-    return [
-        "run",
-        "--budget",
-        "smoke",
-        "--rows",
-        rows,
-        "--steps",
-        "2",
-        "--dev-pairs",
-        "4",
-        "--device",
-        "cpu",
-        "--runs",
-        str(runs),
-    ]
+    return ablations_argv(runs, rows, steps=2, dev_pairs=4)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from ablations.__main__ import main
 from ablations.stopping import stops_cleanly
 from ablations.train import make_optimizer, read_checkpoint
 from model import Transformer, files
-from tests.helpers import logged, needs_data, result, runs_folder, smoke_cache
+from tests.helpers import ablations_argv, logged, needs_data, result, runs_folder, smoke_cache
 
 pytestmark = [needs_data, pytest.mark.usefixtures("single_thread")]
 FORK = multiprocessing.get_context("fork")
@@ -51,24 +51,8 @@ def signalling_model(config):
     return SignallingModel(config)
 
 
-def argv(runs, steps=12):
-    return [
-        "run",
-        "--budget",
-        "smoke",
-        "--rows",
-        "D1,D2",
-        "--steps",
-        str(steps),
-        "--dev-pairs",
-        "4",
-        "--device",
-        "cpu",
-        "--runs",
-        str(runs),
-        "--model",
-        SPEC,
-    ]
+def argv(runs, steps=12, rows="D1,D2", spec=SPEC):
+    return ablations_argv(runs, rows, "--model", spec, steps=steps, dev_pairs=4)
 
 
 def grid_process(args, log, signal_at):
@@ -191,7 +175,7 @@ def test_a_full_disk_or_read_only_folder_is_one_line_and_finished_results_stay(
     code, where, target, tmp_path, cache, monkeypatch, capsys, uninterrupted
 ):
     runs = runs_folder(tmp_path / "runs", cache)
-    assert main([*argv(runs, 12)[:4], "D1", *argv(runs, 12)[5:]]) == 0  # D1 finished before the disk fills
+    assert main(argv(runs, rows="D1")) == 0  # D1 finished before the disk fills
     d1 = run_dirs(runs)["D1"]
     before = {p.name: p.read_bytes() for p in d1.iterdir()}
     failing_writer(monkeypatch, code, "/D2-s1-", where)
@@ -225,28 +209,7 @@ def test_a_failure_that_cannot_be_recorded_on_a_full_disk_is_one_line(tmp_path, 
     runs = runs_folder(tmp_path / "runs", cache)
     failing_writer(monkeypatch, errno.ENOSPC, R.ATTEMPTS)
     # The model builds for the check before the grid (the base row) and fails in row D2 only.
-    assert (
-        main(
-            [
-                "run",
-                "--budget",
-                "smoke",
-                "--rows",
-                "D2",
-                "--steps",
-                "2",
-                "--dev-pairs",
-                "4",
-                "--device",
-                "cpu",
-                "--runs",
-                str(runs),
-                "--model",
-                "tests.ablations.test_runner_stops:fails_in_d2",
-            ]
-        )
-        == 1
-    )
+    assert main(argv(runs, 2, "D2", "tests.ablations.test_runner_stops:fails_in_d2")) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert re.fullmatch(
