@@ -22,6 +22,13 @@ from model.objective import label_smoothed_loss
 from model.protocol import Seq2SeqModel
 
 
+def sentence_bar(total: int, label: str | None, what: str) -> tqdm:
+    """A bar of sentences done, with rate and time left, labelled with the run; none without a label."""
+    return tqdm(
+        total=total, desc=f"{label}: {what}", unit="sent", leave=False, dynamic_ncols=True, disable=label is None
+    )
+
+
 @torch.no_grad()
 def perplexity(
     model: Seq2SeqModel,
@@ -40,14 +47,7 @@ def perplexity(
     model.train(dropout)
     total_nll, total_tokens = 0.0, 0
     batches = bucketed_batches([len(x) for x in src], [len(y) for y in tgt], max_tokens, seed=0, epoch=0)
-    with tqdm(
-        total=len(src),
-        desc=f"{progress}: dev perplexity",
-        unit="sent",
-        leave=False,
-        dynamic_ncols=True,
-        disable=progress is None,
-    ) as bar:
+    with sentence_bar(len(src), progress, "dev perplexity") as bar:
         for chosen in batches:
             batch = make_batch([src[i] for i in chosen], [tgt[i] for i in chosen]).to(device)
             with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
@@ -93,13 +93,6 @@ def dev_bleu(
     """Beam-search the dev sources (max_tokens source tokens a batch), detokenise, score against the raw references.
 
     With `progress` (a label), a bar shows sentences translated, sentences/s and the time left."""
-    with tqdm(
-        total=len(src),
-        desc=f"{progress}: beam search",
-        unit="sent",
-        leave=False,
-        dynamic_ncols=True,
-        disable=progress is None,
-    ) as bar:
+    with sentence_bar(len(src), progress, "beam search") as bar:
         hyps = translate(model, src, device, max_tokens, beam, alpha, extra_len, autocast, on_batch=bar.update)
     return bleu(sp.decode(hyps), references)
