@@ -11,9 +11,10 @@ from pathlib import Path
 
 import torch
 
-from ablations import attention_data, options
+from ablations import attention_data, health, options
 from ablations import runs as R
 from ablations.budgets import BUDGETS, row_config
+from ablations.data import DataError, data_dir
 from ablations.distributed import check_accumulation, from_environment, main_first, setup, teardown
 from ablations.grid import Grid, prepare_data, run_grid
 from ablations.options import RunOptions
@@ -107,6 +108,13 @@ def cmd_publish(args: argparse.Namespace) -> int:
         print(f"base's encoder attention -> {target / attention_data.PUBLISHED}")
     except attention_data.NoAttentionData as missing:
         print(f"no attention figure data: {missing}")
+    presets = table["preset"].dropna().unique() if "preset" in table else []
+    preset = presets[0] if len(presets) == 1 else BUDGETS[args.budget].preset
+    try:  # the thresholds by which the reports judge whether each run learned (ablations/health.py)
+        baseline = health.measure(prepare_data(BUDGETS[args.budget], preset, data_dir(args.data), Path(args.runs)))
+        print(f"unigram PPL {baseline.unigram_ppl:.0f} of the data -> {health.write(target, baseline)}")
+    except DataError as missing:
+        print(f"no {health.PUBLISHED}, so the reports cannot say which runs learned: {missing}")
     return 0
 
 
@@ -125,6 +133,7 @@ def parser() -> argparse.ArgumentParser:
     pub.add_argument("--budget", default="smoke", choices=list(BUDGETS))
     pub.add_argument("--runs", default=str(options.DEFAULT_RUNS))
     pub.add_argument("--out", help="target folder (default reports/results/<budget>)")
+    pub.add_argument("--data", help="data folder, for the unigram baseline (default $AIAYN_DATA or ../shared/data)")
     pub.set_defaults(func=cmd_publish)
     return p
 

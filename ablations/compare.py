@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import sys
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +30,7 @@ import torch  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import LogFormatter, ScalarFormatter  # noqa: E402
 
-from ablations import options  # noqa: E402
+from ablations import health, options  # noqa: E402
 from ablations import runs as R  # noqa: E402
 from ablations.budgets import BUDGETS, INIT_RULES, Budget, select_rows  # noqa: E402
 from ablations.data import data_dir  # noqa: E402
@@ -104,23 +102,6 @@ def parse_schedule(text: str) -> Schedule:
     return schedule
 
 
-def unigram_perplexity(data: PreparedData) -> float:
-    """Dev PPL of predicting every target token by its training frequency (add-one): the plateau a model sits on
-    before it uses the source or the context."""
-    counts = Counter(token for sentence in data.train_tgt for token in sentence)
-    vocab = data.sp.get_piece_size()
-    total = sum(counts.values()) + vocab
-    dev = [token for sentence in data.dev_tgt for token in sentence]
-    return math.exp(-sum(math.log((counts[t] + 1) / total) for t in dev) / len(dev))
-
-
-def verdict(final_ppl: float | None, plateau: float, vocab: int) -> str:
-    """'collapsed' above the uniform PPL (the vocabulary size), 'plateau' within 2x of the unigram PPL, else 'learns'."""
-    if final_ppl is None or not math.isfinite(final_ppl) or final_ppl > vocab:
-        return "collapsed"
-    return "plateau" if final_ppl > plateau / 2 else "learns"
-
-
 def curves(entries: list[Entry], grids: list[Grid], data: PreparedData) -> pd.DataFrame:
     """One line per (entry, row, seed, evaluated step): dev PPL; the run's final BLEU and status on every line."""
     lines = []
@@ -146,7 +127,7 @@ def curves(entries: list[Entry], grids: list[Grid], data: PreparedData) -> pd.Da
     return pd.DataFrame(lines, columns=COLUMNS)
 
 
-def table(found: pd.DataFrame, plateau: float, vocab: int) -> str:
+def table(found: pd.DataFrame, baseline: health.Baseline) -> str:
     """Markdown: per row and model, dev PPL at each evaluated step (mean over seeds), the final BLEU, and how many
     finished seeds ended on the plateau or collapsed."""
     if found.empty:
@@ -156,9 +137,7 @@ def table(found: pd.DataFrame, plateau: float, vocab: int) -> str:
     ended = (
         found[found["status"] == "finished"].sort_values("step").groupby(["row", "model", "seed"], sort=False).last()
     )
-    ended = ended.assign(verdict=[verdict(p, plateau, vocab) for p in ended["dev_ppl"]]).groupby(
-        ["row", "model"], sort=False
-    )
+    ended = ended.assign(verdict=[baseline.verdict(p) for p in ended["dev_ppl"]]).groupby(["row", "model"], sort=False)
     summary = pd.DataFrame(
         {
             "BLEU (end)": ended["bleu"].mean(),
@@ -225,7 +204,7 @@ def write_report(
         f"budget {budget.name}, {budget.steps} steps, {schedule}, {budget.batch_tokens}-token batches; "
         f"{data.preset}, {len(data.dev_src)} dev pairs"
     )
-    plateau, vocab = unigram_perplexity(data), data.sp.get_piece_size()
+    baseline = health.measure(data)
     figure(found, out.with_suffix(".png"), title)
     write_atomic(out.with_suffix(".csv"), found.to_csv(index=False))
     date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
@@ -233,10 +212,10 @@ def write_report(
         out.with_suffix(".md"),
         f"# Training cross-check: {title}\n\n"
         f"Regenerate: `{command}` (commit {git_commit()}, {date}, {machine_line()}, one thread per process).\n\n"
-        f"![dev PPL by step]({out.with_suffix('.png').name})\n\n{table(found, plateau, vocab)}\n"
-        f"`ended`: a finished run's last dev PPL (eval mode) above the vocabulary size ({vocab}, uniform) is "
-        f"*collapsed*; above half the unigram PPL ({plateau:.0f}: every target token predicted by its training "
-        f"frequency) it is on the *plateau*; below, it *learns*.\n",
+        f"![dev PPL by step]({out.with_suffix('.png').name})\n\n{table(found, baseline)}\n"
+        f"`ended`: a finished run's last dev PPL (eval mode) above the vocabulary size ({baseline.vocab}, uniform) "
+        f"is *collapsed*; above half the unigram PPL ({baseline.unigram_ppl:.0f}: every target token predicted by "
+        f"its training frequency) it is on the *plateau*; below, it *learns*.\n",
     )
 
 

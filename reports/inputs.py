@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ablations import health
 from ablations import runs as R
 from model.files import shown_path
 
@@ -44,6 +45,7 @@ class BudgetResults:
     train: dict[str, object]  # training settings of the base run (config.json "train"), for the header
     data: dict[str, object]  # data sizes of the base run (config.json "data"), for the header
     superseded: list[str]  # run folders left out because a newer run has the same row and seed
+    baseline: health.Baseline | None  # the data's unigram and uniform PPL, to judge which runs learned
 
     @property
     def scaled(self) -> bool:
@@ -100,7 +102,16 @@ def load_budget(folder: Path) -> BudgetResults:
         curves += [{"row": config["row"], "seed": config["seed"], **m} for m in R.read_metrics(directory)]
     columns = ["row", "seed", "step", "loss", "lr", "tokens_per_s", "time_s", "dev_ppl"]
     curves_df = pd.DataFrame(curves).reindex(columns=columns) if curves else pd.DataFrame(columns=columns)
-    return BudgetResults(folder.name, folder, runs, curves_df, train, data, superseded)
+    return BudgetResults(folder.name, folder, runs, curves_df, train, data, superseded, _baseline(folder))
+
+
+def _baseline(folder: Path) -> health.Baseline | None:
+    """The budget's published baseline; a damaged one is a warning, and the report then judges no run by it."""
+    try:
+        return health.read(folder)
+    except ValueError as damaged:
+        R.warn(f"{damaged}; until then the report does not say which runs learned")
+        return None
 
 
 @dataclass(frozen=True)

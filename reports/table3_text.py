@@ -8,6 +8,7 @@ import math
 import pandas as pd
 
 from ablations.data import PRESETS
+from ablations.health import PUBLISHED as BASELINE
 from model.files import shown_path
 from reports.inputs import BudgetResults
 from reports.table3 import PAPER_CONFIG, Summary, count_rows
@@ -106,6 +107,7 @@ def provenance(results: BudgetResults, table: pd.DataFrame) -> list[tuple[str, s
             if len(ran)
             else "no finished run",
         ),
+        ("learned", learned_text(results, list(table.index))),
         ("sacreBLEU", unique("sacrebleu_signature")),
         (
             "results",
@@ -117,6 +119,29 @@ def provenance(results: BudgetResults, table: pd.DataFrame) -> list[tuple[str, s
             ),
         ),
     ]
+
+
+def learned_text(results: BudgetResults, rows: list[str]) -> str:
+    """How many finished runs learned, and which ended on the unigram plateau or collapsed (ablations/health.py)."""
+    baseline = results.baseline
+    if baseline is None:
+        return f"not judged: no {BASELINE} beside the results (`python -m ablations publish` writes it from the data)"
+    runs = results.runs[results.runs["status"] == "finished"] if "status" in results.runs else results.runs.iloc[:0]
+    if runs.empty:
+        return "no finished run"
+    runs = runs.assign(order=[rows.index(r) if r in rows else len(rows) for r in runs["row"]])
+    runs = runs.sort_values(["order", "seed"])
+    runs = runs.assign(verdict=[baseline.verdict(p) for p in runs["dev_ppl"]])
+    learned, plateau, collapsed = (runs[runs["verdict"] == v] for v in ("learns", "plateau", "collapsed"))
+
+    def listed(of: pd.DataFrame) -> str:
+        return ", ".join(f"{r} seed {s} ({p:.0f})" for r, s, p in zip(of["row"], of["seed"], of["dev_ppl"])) or "none"
+
+    span = f" (dev PPL {learned['dev_ppl'].min():.1f} to {learned['dev_ppl'].max():.1f})" if len(learned) else ""
+    return (
+        f"{len(learned)} of {len(runs)} finished runs learned{span}; on the unigram plateau: {listed(plateau)}; "
+        f"collapsed: {listed(collapsed)} ({baseline.rule()})"
+    )
 
 
 def unfinished_note(runs: pd.DataFrame) -> str:

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from ablations import health
 from ablations import runs as R
 from ablations.__main__ import main
 from ablations.batching import make_batch
@@ -197,3 +198,25 @@ def test_publish_copies_results_but_no_checkpoint_and_gathers_them_in_one_table(
     assert sorted(p.name for p in published.iterdir()) == sorted(R.PUBLISHED)
     assert main(["results", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "all.csv")]) == 0
     assert (tmp_path / "all.csv").read_text() == (tmp_path / "results.csv").read_text()
+    assert 1 < health.read(tmp_path).unigram_ppl < 1000  # the data's baseline, to judge which runs learned
+
+
+@needs_data
+def test_publish_without_the_data_publishes_the_results_and_says_the_baseline_is_missing(tiny_data, tmp_path, capsys):
+    runs, data = tiny_data
+    run_one(grid_of(runs / "nodata", "reference"), select_rows("base")[0], 1, data)
+    argv = [
+        "publish",
+        "--budget",
+        "smoke",
+        "--runs",
+        str(runs / "nodata"),
+        "--out",
+        str(tmp_path),
+        "--data",
+        "/nowhere",
+    ]
+    assert main(argv) == 0 and (tmp_path / "results.csv").is_file() and health.read(tmp_path) is None
+    assert "no baseline.json, so the reports cannot say which runs learned: data folder /nowhere not found" in (
+        capsys.readouterr().out
+    )

@@ -151,14 +151,6 @@ def test_a_schedule_is_a_peak_and_a_warmup_and_anything_else_is_refused():
             compare.parse_schedule(bad)
 
 
-@pytest.mark.parametrize(
-    "ppl, expected",
-    [(30.0, "learns"), (250.0, "plateau"), (8600.0, "collapsed"), (float("nan"), "collapsed"), (None, "collapsed")],
-)
-def test_a_run_is_judged_by_its_last_dev_perplexity_against_the_unigram_and_uniform_ones(ppl, expected):
-    assert compare.verdict(ppl, plateau=400.0, vocab=2000) == expected
-
-
 def test_torch_nn_draws_each_block_of_its_fused_query_key_value_weight_as_the_square_map_it_is():
     torch.manual_seed(0)
     model = load_model(f"torch-nn,{SMALL}")
