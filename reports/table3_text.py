@@ -107,7 +107,7 @@ def provenance(results: BudgetResults, table: pd.DataFrame) -> list[tuple[str, s
             if len(ran)
             else "no finished run",
         ),
-        ("learned", learned_text(results, list(table.index))),
+        ("learning", learning_text(results, list(table.index))),
         ("sacreBLEU", unique("sacrebleu_signature")),
         (
             "results",
@@ -121,8 +121,8 @@ def provenance(results: BudgetResults, table: pd.DataFrame) -> list[tuple[str, s
     ]
 
 
-def learned_text(results: BudgetResults, rows: list[str]) -> str:
-    """How many finished runs learned, and which ended on the unigram plateau or collapsed (ablations/health.py)."""
+def learning_text(results: BudgetResults, rows: list[str]) -> str:
+    """How many finished runs left the unigram plateau, and which ended on it or collapsed (ablations/health.py)."""
     baseline = results.baseline
     if baseline is None:
         return f"not judged: no {BASELINE} beside the results (`python -m ablations publish` writes it from the data)"
@@ -139,7 +139,7 @@ def learned_text(results: BudgetResults, rows: list[str]) -> str:
 
     span = f" (dev PPL {learned['dev_ppl'].min():.1f} to {learned['dev_ppl'].max():.1f})" if len(learned) else ""
     return (
-        f"{len(learned)} of {len(runs)} finished runs learned{span}; on the unigram plateau: {listed(plateau)}; "
+        f"{len(learned)} of {len(runs)} finished runs left the unigram plateau{span}; on it: {listed(plateau)}; "
         f"collapsed: {listed(collapsed)} ({baseline.rule()})"
     )
 

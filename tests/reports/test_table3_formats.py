@@ -115,15 +115,15 @@ def test_markdown_header_says_what_produced_it(rendered):
     assert "PPL 1 of 4 rows agree (25%; n.s. 1, 2 with fewer than 3 seeds)" in text
     assert "2 × sqrt(sd_row²/n_row + sd_base²/n_base)" in text  # the rule is stated
     assert "D1 seed 0: diverged (loss is NaN)" in text
-    assert "**learned**: not judged: no baseline.json beside the results" in text  # the fixture publishes none
+    assert "**learning**: not judged: no baseline.json beside the results" in text  # the fixture publishes none
 
 
-def test_header_counts_the_runs_that_learned_and_names_each_on_the_plateau_or_collapsed(results, table):
+def test_header_counts_the_runs_that_left_the_plateau_and_names_each_on_it_or_collapsed(results, table):
     # Finished runs' dev PPL: 9.0 to 12.2. Plateau above 11.3 (half of 22.6), collapsed above 12 (the vocabulary).
     judged = dataclasses.replace(results, baseline=Baseline(unigram_ppl=22.6, vocab=12, dev_pairs=100))
-    text = table3_text.learned_text(judged, list(table.index))
+    text = table3_text.learning_text(judged, list(table.index))
     assert text.startswith(
-        "12 of 18 finished runs learned (dev PPL 9.0 to 11.2); on the unigram plateau: A1 seed 2 (11), C7 seed 0 (11), "
+        "12 of 18 finished runs left the unigram plateau (dev PPL 9.0 to 11.2); on it: A1 seed 2 (11), C7 seed 0 (11), "
         "C7 seed 1 (12), C7 seed 2 (12), D1 seed 1 (12); collapsed: D1 seed 2 (12) (plateau: dev PPL above 11, half "
         "the unigram PPL of 23 on 100 dev pairs; collapsed: above 12,"
     ), text
