@@ -83,6 +83,22 @@ def by_step(curves: pd.DataFrame, rows: list[Table3Row] | None = None) -> pd.Dat
     return pd.DataFrame(lines, columns=COLUMNS)
 
 
+def changes_by_step(curves: pd.DataFrame, rows: list[Table3Row] | None = None) -> pd.DataFrame:
+    """Each row's change in mean dev PPL against base's at every step where base was evaluated, with its verdict
+    there: columns step, row, change, agree (a row's trend, to tell a conclusion still forming from one that is not)."""
+    rows = rows or table3_rows()
+    evals = curves.dropna(subset=["dev_ppl"])
+    lines = []
+    for step, points in evals.groupby("step", sort=True):
+        if "base" in set(points["row"]):
+            stats = _at_step(points, rows).dropna(subset=["mean"])
+            change = stats["mean"] - stats.loc["base", "mean"]
+            lines += [
+                {"step": int(step), "row": r, "change": change[r], "agree": stats.loc[r, "agree"]} for r in change.index
+            ]
+    return pd.DataFrame(lines, columns=["step", "row", "change", "agree"])
+
+
 def _cell(line: pd.Series) -> str:
     """One scope at one step, compactly: 'agree k/n · ρ r' (or the seeds when none could be judged)."""
     if line["rows"] == 0:

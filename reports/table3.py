@@ -212,27 +212,26 @@ def count_rows(n: int) -> str:
     return f"{n} row{'' if n == 1 else 's'}"
 
 
-def missing_conclusions(table: pd.DataFrame) -> list[str]:
-    """The paper's changes that our runs do not show, one line per row and metric (PPL, BLEU), with what was measured:
-    reversed beyond SE_MULTIPLE standard errors (no), or within them (n.s.), where the paper's change set beside that
-    resolution says whether these seeds could have shown it at all."""
+def missing_conclusions(table: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """The paper's changes that our runs do not show, as (row, metric, line) per row and metric (ppl, bleu), the line
+    saying what was measured: reversed beyond SE_MULTIPLE standard errors (no), or within them (n.s.), where the
+    paper's change set beside that resolution says whether these seeds could have shown it at all."""
     lines = []
     for row in table.index:
         for m, label in (("ppl", "dev PPL"), ("bleu", "BLEU")):
             verdict_, ours, se, paper = table.loc[row, [f"{m}_agree", f"{m}_delta", f"{m}_se", f"{m}_paper_delta"]]
-            measured = f"{row}: {label} {ours:+.2f} (SE {se:.2f}) against the paper's {paper:+.2f}"
             if verdict_ == DISAGREE and paper == 0:
-                lines.append(f"{measured}: a change beyond {SE_MULTIPLE:g} SE where the paper saw none")
+                why = f"a change beyond {SE_MULTIPLE:g} SE where the paper saw none"
             elif verdict_ == DISAGREE:
-                lines.append(f"{measured}: the opposite direction, beyond {SE_MULTIPLE:g} SE")
+                why = f"the opposite direction, beyond {SE_MULTIPLE:g} SE"
             elif verdict_ == NOT_SIGNIFICANT and abs(paper) > SE_MULTIPLE * se:
-                lines.append(
-                    f"{measured}: within {SE_MULTIPLE:g} SE of none, "
-                    "though a change the size of the paper's would have shown"
-                )
+                why = f"within {SE_MULTIPLE:g} SE of none, though a change the size of the paper's would have shown"
             elif verdict_ == NOT_SIGNIFICANT:
-                lines.append(
-                    f"{measured}: within {SE_MULTIPLE:g} SE of none; the paper's change is smaller than "
-                    f"{SE_MULTIPLE:g} SE ({SE_MULTIPLE * se:.2f}), so these seeds could not have shown it"
+                why = (
+                    f"within {SE_MULTIPLE:g} SE of none; the paper's change is smaller than {SE_MULTIPLE:g} SE "
+                    f"({SE_MULTIPLE * se:.2f}), so these seeds could not have shown it"
                 )
+            else:
+                continue
+            lines.append((row, m, f"{row}: {label} {ours:+.2f} (SE {se:.2f}) against the paper's {paper:+.2f}: {why}"))
     return lines

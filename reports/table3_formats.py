@@ -19,6 +19,7 @@ import pandas as pd
 from model.files import write_atomic
 from reports.inputs import BudgetResults
 from reports.page import document, stylesheet
+from reports.progress import changes_by_step
 from reports.table3 import METRICS, MIN_SEEDS, PAPER_CONFIG, SIGNIFICANCE, Summary, missing_conclusions
 from reports.table3_text import (
     CONFIG_LABEL,
@@ -155,23 +156,42 @@ MARKDOWN_LEGEND = (
 )
 
 
-def _missing_section(table: pd.DataFrame, summary: Summary) -> list[str]:
-    """Which of the paper's conclusions (a row's change against base) our runs do not show, and what was measured."""
+def _trend(along: pd.DataFrame, row: str) -> str:
+    """A row's change in dev PPL against base at a quarter, half, three quarters and all of training, with verdicts."""
+    mine = along[along["row"] == row].set_index("step")
+    if mine.empty:
+        return ""
+    last = mine.index.max()
+    steps = sorted({min(mine.index, key=lambda s: abs(s - last * q)) for q in (0.25, 0.5, 0.75, 1.0)})
+    shown = ", ".join(f"{mine.loc[s, 'change']:+.2f} ({mine.loc[s, 'agree']}) at step {s}" for s in steps)
+    return f"; along training: {shown}"
+
+
+def _missing_section(table: pd.DataFrame, summary: Summary, along: pd.DataFrame) -> list[str]:
+    """Which of the paper's conclusions (a row's change against base) our runs do not show, what was measured, and
+    for dev PPL how the change moved along training (`along`: progress.changes_by_step)."""
     if not any(t.judged for t in summary.tallies.values()):
         return [f"**Where the paper's conclusions do not appear.** No verdict yet: fewer than {MIN_SEEDS} seeds.", ""]
     missing = missing_conclusions(table)
     if not missing:
         return ["**Where the paper's conclusions do not appear.** Nowhere: every judged change agrees.", ""]
     return [
-        "**Where the paper's conclusions do not appear** (our change against base, its standard error):",
+        "**Where the paper's conclusions do not appear** (our change against base, its standard error; for dev PPL,"
+        " the change and its verdict along training):",
         "",
-        *(f"- {line}" for line in missing),
+        *(f"- {line}{_trend(along, row) if metric == 'ppl' else ''}" for row, metric, line in missing),
         "",
     ]
 
 
 def markdown(
-    table: pd.DataFrame, header: list[tuple[str, str]], summary: Summary, note: str, title: str, headline: str
+    table: pd.DataFrame,
+    header: list[tuple[str, str]],
+    summary: Summary,
+    note: str,
+    title: str,
+    headline: str,
+    along: pd.DataFrame,
 ) -> str:
     lines = [
         f"# {title}",
@@ -184,7 +204,7 @@ def markdown(
         "",
         narrow(table).to_markdown(index=False, disable_numparse=True),
         "",
-        *_missing_section(table, summary),
+        *_missing_section(table, summary, along),
         MARKDOWN_LEGEND,
         "",
         SIGNIFICANCE,
@@ -318,7 +338,8 @@ def write_all(results: BudgetResults, table: pd.DataFrame, summary: Summary, out
     line = headline(results, table, summary)
     out_dir.mkdir(parents=True, exist_ok=True)
     md = out_dir / f"{results.budget}.md"
-    write_atomic(md, markdown(table, header, summary, note, title, line))
+    along = changes_by_step(results.curves)
+    write_atomic(md, markdown(table, header, summary, note, title, line, along))
     written = [md]
     for ext, render in FORMATS.items():
         path = out_dir / f"{results.budget}.{ext}"

@@ -86,6 +86,15 @@ def test_groups_without_runs_are_marked_not_run(by_step):
     assert by_step.loc[(100, "B"), "rows"] == 0 and by_step.loc[(100, "B"), "judged"] == 0
 
 
+def test_each_rows_change_against_base_is_followed_step_by_step_with_its_verdict_there():
+    changes = progress.changes_by_step(curves()).set_index(["row", "step"])
+    assert changes.loc[("C1", 100), "change"] == pytest.approx(-10.0)  # ahead of base early (the paper: C1 is worse)
+    assert changes.loc[("C1", 100), "agree"] == "no" and changes.loc[("C1", 200), "agree"] == "yes"
+    assert changes.loc[("C1", 200), "change"] == pytest.approx(20.0)
+    assert changes.loc[("A1", 300), "agree"] == "1 seed"  # one seed logged there: no verdict
+    assert 400 not in changes.index.get_level_values("step")  # base was not evaluated at 400
+
+
 def test_markdown_table_has_one_line_per_step_and_a_cell_per_scope(tmp_path):
     table = progress.by_step(curves())
     md, csv = progress.write(table, tmp_path, "cpu", "When", "RULE")

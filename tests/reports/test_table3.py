@@ -70,11 +70,11 @@ def test_where_the_paper_saw_no_change_none_of_ours_agrees_and_a_significant_one
 
 def test_the_report_names_each_conclusion_that_does_not_appear_with_what_was_measured(table):
     missing = table3.missing_conclusions(table)
-    by_row = {line.split(":")[0] + " " + line.split(" ")[1]: line for line in missing}
-    assert set(by_row) == {"C7 dev", "E1 dev", "A3 dev", "E1 BLEU"}  # two reversed changes, two within 2 SE
-    assert "the opposite direction" in by_row["C7 dev"] and "where the paper saw none" in by_row["E1 dev"]
-    assert "could not have shown it" in by_row["A3 dev"]  # the paper's -0.01 is below 2 SE of three seeds
-    assert f"SE {table.loc['C7', 'ppl_se']:.2f}" in by_row["C7 dev"]
+    by_row = {f"{row} {metric}": line for row, metric, line in missing}
+    assert set(by_row) == {"C7 ppl", "E1 ppl", "A3 ppl", "E1 bleu"}  # two reversed changes, two within 2 SE
+    assert "the opposite direction" in by_row["C7 ppl"] and "where the paper saw none" in by_row["E1 ppl"]
+    assert "could not have shown it" in by_row["A3 ppl"]  # the paper's -0.01 is below 2 SE of three seeds
+    assert by_row["C7 ppl"].startswith("C7: dev PPL") and f"SE {table.loc['C7', 'ppl_se']:.2f}" in by_row["C7 ppl"]
 
 
 def test_a_change_the_seeds_could_have_shown_but_did_not_is_told_apart_from_one_below_their_resolution():
@@ -91,7 +91,7 @@ def test_a_change_the_seeds_could_have_shown_but_did_not_is_told_apart_from_one_
         },
         index=["C1", "A2"],
     )
-    first, second = table3.missing_conclusions(lines)
+    (_, _, first), (_, _, second) = table3.missing_conclusions(lines)
     assert first.startswith("C1:") and "though a change the size of the paper's would have shown" in first
     assert second.startswith("A2:") and "could not have shown it" in second
 

@@ -129,6 +129,16 @@ def test_header_counts_the_runs_that_left_the_plateau_and_names_each_on_it_or_co
     ), text
 
 
+def test_a_dev_ppl_conclusion_that_does_not_appear_shows_its_change_along_training(rendered):
+    # The fixture logs dev PPL at steps 20 and 40, at 1.5 times the final value at step 20.
+    assert (
+        "- C7: dev PPL +1.40 (SE 0.16) against the paper's -0.17: the opposite direction, beyond 2 SE; "
+        "along training: +2.10 (no) at step 20, +1.40 (no) at step 40\n"
+    ) in rendered["md"]
+    assert "- E1: BLEU +0.00 (SE 0.33) against the paper's -0.10: within 2 SE of none;" in rendered["md"]
+    assert "at step" not in next(line for line in rendered["md"].splitlines() if line.startswith("- E1: BLEU"))
+
+
 def test_headline_states_sizes_data_steps_seeds_base_bleu_agreement_and_spearman(results, table):
     line = table3_text.headline(results, table, table3.summarize(table))
     rho = table3.summarize(table).spearman_ppl
