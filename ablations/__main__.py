@@ -88,7 +88,8 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    """Copy a budget's results (no checkpoints) under reports/results/<budget>/ for readers."""
+    """Copy a budget's results (no checkpoints) under reports/results/<budget>/ for readers, with the attention
+    figure's data from base's weights and the data's baseline (ablations/health.py) where those can be had."""
     source = Path(args.runs) / args.budget
     ended = [directory for directory, _ in R.ended_results(source)] if source.is_dir() else []
     if not ended:
@@ -129,7 +130,9 @@ def parser() -> argparse.ArgumentParser:
     res.add_argument("--runs", default=str(options.DEFAULT_RUNS))
     res.add_argument("--out", default="results.csv", help="FILE.csv or FILE.parquet (needs pyarrow)")
     res.set_defaults(func=cmd_results)
-    pub = sub.add_parser("publish", help="copy a budget's results (no checkpoints) to reports/results/<budget>/")
+    pub = sub.add_parser(
+        "publish", help="copy a budget's results (no checkpoints) and its data's baseline to reports/results/<budget>/"
+    )
     pub.add_argument("--budget", default="smoke", choices=list(BUDGETS))
     pub.add_argument("--runs", default=str(options.DEFAULT_RUNS))
     pub.add_argument("--out", help="target folder (default reports/results/<budget>)")
