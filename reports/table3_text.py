@@ -125,7 +125,7 @@ def learning_text(results: BudgetResults, rows: list[str]) -> str:
     """How many finished runs left the unigram plateau, and which ended on it or collapsed (ablations/health.py)."""
     baseline = results.baseline
     if baseline is None:
-        return f"not judged: no {BASELINE} beside the results (`python -m ablations publish` writes it from the data)"
+        return f"not judged: no readable {BASELINE} beside the results (`python -m ablations publish` writes it)"
     runs = results.runs[results.runs["status"] == "finished"] if "status" in results.runs else results.runs.iloc[:0]
     if runs.empty:
         return "no finished run"

@@ -115,7 +115,7 @@ def test_markdown_header_says_what_produced_it(rendered):
     assert "PPL 1 of 4 rows agree (25%; n.s. 1, 2 with fewer than 3 seeds)" in text
     assert "2 × sqrt(sd_row²/n_row + sd_base²/n_base)" in text  # the rule is stated
     assert "D1 seed 0: diverged (loss is NaN)" in text
-    assert "**learning**: not judged: no baseline.json beside the results" in text  # the fixture publishes none
+    assert "**learning**: not judged: no readable baseline.json" in text  # the fixture publishes none
 
 
 def test_header_counts_the_runs_that_left_the_plateau_and_names_each_on_it_or_collapsed(results, table):
