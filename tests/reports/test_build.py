@@ -270,3 +270,12 @@ def test_two_budgets_that_translate_get_one_figure_of_their_verdicts_side_by_sid
         assert columns == ["cpu", "smoke"]
         assert len(ax.texts) == 2 * len(ax.get_yticklabels())  # one labelled cell per row and budget
     assert "Budgets side by side" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_a_damaged_baseline_is_a_warning_and_the_budget_still_loads_unjudged(tmp_path, capsys):
+    folder = write_fixture(tmp_path)
+    (folder / "baseline.json").write_text('{"unigram_ppl": 440')
+    results = load_budget(folder)
+    assert results.baseline is None and len(results.runs) > 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: ") and "baseline.json is damaged (JSONDecodeError" in err
