@@ -9,6 +9,7 @@ is measured from). A row counts at a step with the seeds that logged it there.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -46,18 +47,21 @@ def _at_step(points: pd.DataFrame, rows: list[Table3Row]) -> pd.DataFrame:
     return stats.join(judged).assign(paper=paper, group=group)
 
 
+def _evaluated_steps(curves: pd.DataFrame, rows: list[Table3Row]) -> Iterator[tuple[int, pd.DataFrame]]:
+    """(step, each row's dev-PPL statistics and verdict there) for every step where base was evaluated: without
+    base there is no change to measure."""
+    for step, points in curves.dropna(subset=["dev_ppl"]).groupby("step", sort=True):
+        if "base" in set(points["row"]):
+            yield int(step), _at_step(points, rows)
+
+
 def by_step(curves: pd.DataFrame, rows: list[Table3Row] | None = None) -> pd.DataFrame:
     """One line per (evaluation step, scope): the tally of verdicts, the agreement share and Spearman's rho there.
 
     `curves` holds one line per logged step of each run (row, seed, step, dev_ppl), as reports.inputs reads them.
     """
-    rows = rows or table3_rows()
-    evals = curves.dropna(subset=["dev_ppl"])
     lines = []
-    for step, points in evals.groupby("step", sort=True):
-        if "base" not in set(points["row"]):
-            continue  # no reference to measure changes from
-        stats = _at_step(points, rows)
+    for step, stats in _evaluated_steps(curves, rows or table3_rows()):
         for scope in SCOPES:
             members = stats if scope == "all" else stats[stats["group"].isin([scope, "base"])]
             changed = members.drop(index="base")
@@ -86,16 +90,11 @@ def by_step(curves: pd.DataFrame, rows: list[Table3Row] | None = None) -> pd.Dat
 def changes_by_step(curves: pd.DataFrame, rows: list[Table3Row] | None = None) -> pd.DataFrame:
     """Each row's change in mean dev PPL against base's at every step where base was evaluated, with its verdict
     there: columns step, row, change, agree (a row's trend, to tell a conclusion still forming from one that is not)."""
-    rows = rows or table3_rows()
-    evals = curves.dropna(subset=["dev_ppl"])
     lines = []
-    for step, points in evals.groupby("step", sort=True):
-        if "base" in set(points["row"]):
-            stats = _at_step(points, rows).dropna(subset=["mean"])
-            change = stats["mean"] - stats.loc["base", "mean"]
-            lines += [
-                {"step": int(step), "row": r, "change": change[r], "agree": stats.loc[r, "agree"]} for r in change.index
-            ]
+    for step, stats in _evaluated_steps(curves, rows or table3_rows()):
+        ran = stats.dropna(subset=["mean"])
+        change = ran["mean"] - ran.loc["base", "mean"]
+        lines += [{"step": step, "row": r, "change": change[r], "agree": ran.loc[r, "agree"]} for r in change.index]
     return pd.DataFrame(lines, columns=["step", "row", "change", "agree"])
 
 
