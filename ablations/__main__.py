@@ -13,7 +13,7 @@ import torch
 
 from ablations import attention_data, health, options
 from ablations import runs as R
-from ablations.budgets import BUDGETS, row_config
+from ablations.budgets import BUDGETS, Budget, row_config
 from ablations.data import DataError, data_dir
 from ablations.distributed import check_accumulation, from_environment, main_first, setup, teardown
 from ablations.grid import Grid, prepare_data, run_grid
@@ -109,14 +109,37 @@ def cmd_publish(args: argparse.Namespace) -> int:
         print(f"base's encoder attention -> {target / attention_data.PUBLISHED}")
     except attention_data.NoAttentionData as missing:
         print(f"no attention figure data: {missing}")
-    presets = table["preset"].dropna().unique() if "preset" in table else []
-    preset = presets[0] if len(presets) == 1 else BUDGETS[args.budget].preset
     try:  # the thresholds by which the reports judge whether each run learned (ablations/health.py)
-        baseline = health.measure(prepare_data(BUDGETS[args.budget], preset, data_dir(args.data), Path(args.runs)))
+        budget, preset = recorded_data(BUDGETS[args.budget], ended)
+        baseline = health.measure(prepare_data(budget, preset, data_dir(args.data), Path(args.runs)))
         print(f"unigram PPL {baseline.unigram_ppl:.0f} of the data -> {health.write(target, baseline)}")
     except DataError as missing:
         print(f"no {health.PUBLISHED}, so the reports cannot say which runs learned: {missing}")
     return 0
+
+
+def recorded_data(budget: Budget, ended: list[Path]) -> tuple[Budget, str]:
+    """The budget and preset with the data settings the runs recorded in their config.json (a run trained with
+    --dev-pairs or --preset saw other data than its budget's), so that the baseline is the runs' own data's."""
+    seen = set()
+    for directory in ended:
+        recorded = R.read_config(directory) or {}
+        data, train = recorded.get("data", {}), recorded.get("train", {})
+        seen.add(
+            (
+                recorded.get("preset", budget.preset),
+                recorded.get("config", {}).get("vocab_size", budget.vocab_size),
+                data.get("max_train_pairs", budget.max_train_pairs),
+                data.get("dev_pairs", budget.dev_pairs),
+                train.get("max_sentence_tokens", budget.max_sentence_tokens),
+            )
+        )
+    if len(seen) != 1:
+        raise DataError(f"its runs were trained on {len(seen)} different data settings; publish each set on its own")
+    preset, vocab, max_train_pairs, dev_pairs, max_sentence_tokens = seen.pop()
+    return budget.replace(
+        vocab_size=vocab, max_train_pairs=max_train_pairs, dev_pairs=dev_pairs, max_sentence_tokens=max_sentence_tokens
+    ), preset
 
 
 def parser() -> argparse.ArgumentParser:

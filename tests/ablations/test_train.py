@@ -8,9 +8,10 @@ import torch
 
 from ablations import health
 from ablations import runs as R
-from ablations.__main__ import main
+from ablations.__main__ import main, recorded_data
 from ablations.batching import make_batch
 from ablations.budgets import BUDGETS, select_rows
+from ablations.data import DataError
 from ablations.decoding import translate
 from ablations.evaluate import perplexity
 from ablations.grid import Grid, prepare_data, run_grid, run_one
@@ -198,7 +199,25 @@ def test_publish_copies_results_but_no_checkpoint_and_gathers_them_in_one_table(
     assert sorted(p.name for p in published.iterdir()) == sorted(R.PUBLISHED)
     assert main(["results", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "all.csv")]) == 0
     assert (tmp_path / "all.csv").read_text() == (tmp_path / "results.csv").read_text()
-    assert 1 < health.read(tmp_path).unigram_ppl < 1000  # the data's baseline, to judge which runs learned
+    baseline = health.read(tmp_path)  # the data's baseline, to judge which runs learned
+    assert 1 < baseline.unigram_ppl < 1000
+    assert (baseline.vocab, baseline.dev_pairs) == (150, 6)  # the runs' own data, not the smoke budget's
+
+
+def test_publish_measures_the_baseline_on_the_data_settings_the_runs_recorded(tmp_path):
+    for name, dev_pairs in [("base-s1", 50), ("A1-s1", 50), ("A2-s1", None)]:
+        (tmp_path / name).mkdir()
+        config = {
+            "preset": "news",
+            "config": {"vocab_size": 500},
+            "data": {"max_train_pairs": 90, "dev_pairs": dev_pairs},
+        }
+        R.write_json(tmp_path / name / R.CONFIG, config)
+    budget, preset = recorded_data(BUDGETS["smoke"], [tmp_path / "base-s1", tmp_path / "A1-s1"])
+    assert preset == "news" and (budget.vocab_size, budget.max_train_pairs, budget.dev_pairs) == (500, 90, 50)
+    assert budget.max_sentence_tokens == BUDGETS["smoke"].max_sentence_tokens  # not recorded: the budget's
+    with pytest.raises(DataError, match="2 different data settings; publish each set on its own"):
+        recorded_data(BUDGETS["smoke"], [tmp_path / "base-s1", tmp_path / "A2-s1"])
 
 
 @needs_data
