@@ -3,6 +3,7 @@ verdicts against the paper under several budgets side by side."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from reports import figures  # first: it sets matplotlib's file-only backend before pyplot loads
@@ -14,6 +15,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
 from reports.table3 import AGREE, DISAGREE, MIN_SEEDS, NOT_COMPARABLE, NOT_SIGNIFICANT, summarize
+from reports.table3_text import metric_text
 
 # verdict -> (color, cell label, legend entry); "missing" is a property a report does not cover
 VERDICTS = {
@@ -66,7 +68,7 @@ def budgets_side_by_side(tables: dict[str, pd.DataFrame], path: Path, title: str
         changes = pd.DataFrame(
             {label: [tables[b].loc[r, f"{m}_delta"] for r in rows] for label, b in columns.items()}, index=rows
         )
-        labels = changes.map(lambda d: "" if pd.isna(d) else f"{d:+.3g}")
+        labels = changes.map(functools.partial(metric_text, m, signed=True))  # as the Table 3 report prints it
         kinds = verdicts.map(lambda v: v if v in palette else "few seeds")
         shown |= set(kinds.to_numpy().ravel())
         sns.heatmap(
