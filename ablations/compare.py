@@ -40,7 +40,7 @@ from model.files import write_atomic  # noqa: E402
 from model.provenance import git_commit, machine_line  # noqa: E402
 from model.registry import ModelSpec, parse_spec  # noqa: E402
 
-COLUMNS = ["model", "row", "seed", "step", "dev_ppl", "bleu", "status", "run"]
+COLUMNS = ["model", "row", "seed", "step", "dev_ppl", "bleu", "status", "run", "commit"]
 PANELS_PER_LINE = 4  # rows' panels per line of the figure, so that eight rows stay readable
 DEFAULT_MODELS = (
     "reference@xavier",
@@ -122,6 +122,7 @@ def curves(entries: list[Entry], grids: list[Grid], data: PreparedData) -> pd.Da
                                 "bleu": final.get("bleu"),
                                 "status": final.get("status", "unfinished"),
                                 "run": directory.name,
+                                "commit": final.get("commit"),
                             }
                         )
     return pd.DataFrame(lines, columns=COLUMNS)
@@ -208,10 +209,13 @@ def write_report(
     figure(found, out.with_suffix(".png"), title)
     write_atomic(out.with_suffix(".csv"), found.to_csv(index=False))
     date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    trained = ", ".join(sorted(found["commit"].dropna().unique())) or "none finished"
+    drawn = git_commit()
+    commits = f"commit {drawn}" if trained == drawn else f"runs trained at commit {trained}, drawn at {drawn}"
     write_atomic(
         out.with_suffix(".md"),
         f"# Training cross-check: {title}\n\n"
-        f"Regenerate: `{command}` (commit {git_commit()}, {date}, {machine_line()}, one thread per process).\n\n"
+        f"Regenerate: `{command}` ({commits}, {date}, {machine_line()}, one thread per process).\n\n"
         f"![dev PPL by step]({out.with_suffix('.png').name})\n\n{table(found, baseline)}\n"
         f"`ended`: a finished run's last dev PPL (eval mode) above the vocabulary size ({baseline.vocab}, uniform) "
         f"is *collapsed*; above half the unigram PPL ({baseline.unigram_ppl:.0f}: every target token predicted by "

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ablations import compare
+from ablations import runs as R
 from ablations.budgets import BUDGETS, row_config
 from model import load_model
 from model.config import TransformerConfig
@@ -142,6 +143,8 @@ def test_compare_trains_each_entry_on_the_same_batches_and_draws_one_curve_per_e
     assert out.with_suffix(".png").stat().st_size > 0
     assert "reference@normal" in out.with_suffix(".md").read_text()
     assert compare.main([*argv, "--report-only"]) == 0  # redrawn from disk, nothing trained again
+    trained_at = R.read_final(runs / "smoke" / found["run"].iloc[0])["commit"]
+    assert f"commit {trained_at}" in out.with_suffix(".md").read_text()  # the runs' commit, not only the drawing's
 
 
 def test_a_schedule_is_a_peak_and_a_warmup_and_anything_else_is_refused():
