@@ -135,7 +135,10 @@ def recorded_data(budget: Budget, ended: list[Path]) -> tuple[Budget, str]:
             )
         )
     if len(seen) != 1:
-        raise DataError(f"its runs were trained on {len(seen)} different data settings; publish each set on its own")
+        raise DataError(
+            f"the runs under {ended[0].parent} were trained on {len(seen)} different data settings (preset, BPE size, "
+            "training or dev pairs); publish each set from its own --runs folder"
+        )
     preset, vocab, max_train_pairs, dev_pairs, max_sentence_tokens = seen.pop()
     return budget.replace(
         vocab_size=vocab, max_train_pairs=max_train_pairs, dev_pairs=dev_pairs, max_sentence_tokens=max_sentence_tokens

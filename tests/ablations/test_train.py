@@ -216,7 +216,7 @@ def test_publish_measures_the_baseline_on_the_data_settings_the_runs_recorded(tm
     budget, preset = recorded_data(BUDGETS["smoke"], [tmp_path / "base-s1", tmp_path / "A1-s1"])
     assert preset == "news" and (budget.vocab_size, budget.max_train_pairs, budget.dev_pairs) == (500, 90, 50)
     assert budget.max_sentence_tokens == BUDGETS["smoke"].max_sentence_tokens  # not recorded: the budget's
-    with pytest.raises(DataError, match="2 different data settings; publish each set on its own"):
+    with pytest.raises(DataError, match="2 different data settings .*; publish each set from its own --runs folder"):
         recorded_data(BUDGETS["smoke"], [tmp_path / "base-s1", tmp_path / "A2-s1"])
 
 
