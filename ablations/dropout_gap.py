@@ -1,4 +1,5 @@
-"""`python -m ablations.dropout_gap RUN_DIR...`: a run's dev perplexity with dropout off, as runs are scored, and on.
+"""`python -m ablations.dropout_gap RUN_DIR...`: a run's dev perplexity with dropout off, as runs are scored, and on;
+with --layers, where between the two modes the model's representations part, residual sublayer by sublayer.
 
 A post-LN model that has not left the unigram plateau can come to depend on dropout's noise: trained with it, its
 training loss stays at the plateau, while in eval mode (dropout off) its predictions collapse and the dev PPL climbs
@@ -14,8 +15,10 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from ablations import runs as R
+from ablations.batching import make_batch
 from ablations.bpe import encode
 from ablations.budgets import budget
 from ablations.data import data_dir, preset_named, read_pairs
@@ -23,6 +26,10 @@ from ablations.evaluate import perplexity
 from ablations.options import check_counts, failed
 from ablations.stopping import stops_cleanly
 from ablations.trained import load_trained
+from model.layers import Residual
+from model.protocol import Seq2SeqModel
+
+LAYER_PAIRS = 100  # sentences for --layers, one at a time (no padding to mask out of the statistics)
 
 
 @stops_cleanly("the rows above are the runs scored before the stop")
@@ -34,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         "--pairs", type=int, default=300, help="leading dev pairs scored (default 300; at most the budget's dev set)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the dropout masks (default 0)")
+    parser.add_argument(
+        "--layers", action="store_true", help=f"and each residual sublayer in both modes ({LAYER_PAIRS} pairs)"
+    )
     args = parser.parse_args(argv)
     try:
         check_counts(("--pairs", args.pairs))
@@ -61,7 +71,64 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(args.seed)
         on = perplexity(trained.model, src, tgt, device, dropout=True)
         print(f"| {trained.label} | {off:,.1f} | {on:,.1f} |", flush=True)
+        if args.layers:
+            torch.manual_seed(args.seed)
+            try:
+                print(f"\n{trained.label}:\n\n{layer_table(trained.model, src[:LAYER_PAIRS], tgt[:LAYER_PAIRS])}\n")
+            except ValueError as exc:  # a model without the reference's residual sublayers
+                return failed(exc)
     return 0
+
+
+def _rms(t: torch.Tensor) -> torch.Tensor:
+    return t.pow(2).mean(-1).sqrt()
+
+
+def _pass(model: Seq2SeqModel, src: list[list[int]], tgt: list[list[int]], dropout: bool) -> tuple[dict, float]:
+    """One pass over the pairs in one mode: each Residual's inputs and output per sentence, and the mean entropy of
+    the predicted distributions (nats)."""
+    seen: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+    residuals = [(name, m) for name, m in model.named_modules() if isinstance(m, Residual)]
+    if not residuals:
+        raise ValueError(
+            "--layers reads the reference model's residual sublayers (model/layers.py); this model has none"
+        )
+
+    def recorder(name: str):
+        return lambda module, args, output: seen.setdefault(name, []).append((args[0], args[1], output))
+
+    handles = [m.register_forward_hook(recorder(name)) for name, m in residuals]
+    entropies = []
+    try:
+        model.train(dropout)
+        with torch.no_grad():
+            for s, t in zip(src, tgt):
+                log_p = make_batch([s], [t]).forward(model).log_softmax(-1)
+                entropies.append(-(log_p.exp() * log_p).sum(-1).mean().item())
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.eval()
+    return seen, sum(entropies) / len(entropies)
+
+
+def layer_table(model: Seq2SeqModel, src: list[list[int]], tgt: list[list[int]]) -> str:
+    """Markdown: per residual sublayer LayerNorm(x + Dropout(Sublayer(x))), in execution order, the update's size
+    against its input (rms ratio) with dropout off and on, and the cosine between the two modes' outputs on the same
+    sentences; then the predicted distribution's entropy. Where the cosine falls is where eval mode leaves the
+    representations that training (dropout on) shaped."""
+    off, entropy_off = _pass(model, src, tgt, dropout=False)
+    on, entropy_on = _pass(model, src, tgt, dropout=True)
+    lines = [
+        "| sublayer | update / input rms, dropout off | dropout on | cosine of the outputs, off vs on |",
+        "|---|---|---|---|",
+    ]
+    for name, records in off.items():
+        ratio = [torch.cat([(_rms(u) / _rms(x)).flatten() for x, u, _ in r]).mean().item() for r in (records, on[name])]
+        cosine = torch.cat([F.cosine_similarity(a[2], b[2], dim=-1).flatten() for a, b in zip(records, on[name])])
+        lines.append(f"| {name} | {ratio[0]:.2f} | {ratio[1]:.2f} | {cosine.mean().item():.3f} |")
+    lines.append(f"| predicted distribution: entropy (nats) | {entropy_off:.2f} | {entropy_on:.2f} | |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

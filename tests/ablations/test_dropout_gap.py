@@ -88,3 +88,46 @@ def test_a_damaged_or_foreign_config_is_a_one_line_error_naming_the_file(tmp_pat
     assert dropout_gap.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {tmp_path / 'config.json'} {problem}") and err.count("\n") == 1
+
+
+def layer_rows(table: str) -> dict[str, list[str]]:
+    """The --layers table as {sublayer: [ratio off, ratio on, cosine]}."""
+    cells = [line.strip("|").split("|") for line in table.splitlines()[2:]]
+    return {c[0].strip(): [x.strip() for x in c[1:]] for c in cells}
+
+
+def tiny_pairs() -> tuple[list[list[int]], list[list[int]]]:
+    generator = torch.Generator().manual_seed(0)
+    src = [torch.randint(4, 40, (n,), generator=generator).tolist() + [3] for n in (5, 9, 7)]
+    return src, [torch.randint(4, 40, (n,), generator=generator).tolist() for n in (6, 4, 8)]
+
+
+@pytest.mark.parametrize("p_drop", [0.0, 0.3])
+def test_layers_part_between_the_modes_only_where_dropout_acts(p_drop):
+    cfg = TransformerConfig(N=2, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=40, P_drop=p_drop)
+    torch.manual_seed(0)
+    table = dropout_gap.layer_table(load_model(ModelSpec("reference").with_config(cfg)), *tiny_pairs())
+    rows = layer_rows(table)
+    sublayers = [name for name in rows if name.startswith(("encoder", "decoder"))]
+    assert sublayers == [f"encoder.{i}.{s}" for i in range(2) for s in ("res_attn", "res_ffn")] + [
+        f"decoder.{i}.{s}" for i in range(2) for s in ("res_self", "res_cross", "res_ffn")
+    ]
+    cosines = [float(rows[name][2]) for name in sublayers]
+    if p_drop == 0.0:  # the modes differ only by dropout: without it, the same outputs
+        assert all(c == 1.0 for c in cosines) and all(rows[n][0] == rows[n][1] for n in sublayers)
+    else:
+        assert all(c < 0.999 for c in cosines)
+
+
+def test_layers_of_a_model_without_the_references_sublayers_is_a_one_line_reason():
+    cfg = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=40)
+    with pytest.raises(ValueError, match="--layers reads the reference model's residual sublayers"):
+        dropout_gap.layer_table(load_model(ModelSpec("torch-nn").with_config(cfg)), *tiny_pairs())
+
+
+@needs_data
+def test_layers_prints_each_runs_sublayer_table_after_its_perplexities(tmp_path, capsys):
+    run, _, _, _ = smoke_run(tmp_path / "runs")
+    assert dropout_gap.main([str(run), "--pairs", "20", "--layers"]) == 0
+    out = capsys.readouterr().out
+    assert "| encoder.0.res_attn |" in out and "| predicted distribution: entropy (nats) |" in out
