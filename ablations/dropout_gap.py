@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         return failed(exc)
     torch.set_num_threads(1)
     dev_sets = {}  # preset -> its dev pairs, read once for every run trained on it
+    layers = []  # with --layers: each run's sublayer table
     print("| run | dev PPL, dropout off (as scored) | dev PPL, dropout on |\n|---|---|---|")
     for run in args.runs:
         try:
@@ -71,12 +72,14 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(args.seed)
         on = perplexity(trained.model, src, tgt, device, dropout=True)
         print(f"| {trained.label} | {off:,.1f} | {on:,.1f} |", flush=True)
-        if args.layers:
+        if args.layers:  # printed after the perplexities, so that their table stays one table
             torch.manual_seed(args.seed)
             try:
-                print(f"\n{trained.label}:\n\n{layer_table(trained.model, src[:LAYER_PAIRS], tgt[:LAYER_PAIRS])}\n")
+                layers.append(f"{trained.label}:\n\n{layer_table(trained.model, src[:LAYER_PAIRS], tgt[:LAYER_PAIRS])}")
             except ValueError as exc:  # a model without the reference's residual sublayers
                 return failed(exc)
+    for table in layers:
+        print(f"\n{table}")
     return 0
 
 
