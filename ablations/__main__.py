@@ -13,7 +13,7 @@ import torch
 
 from ablations import attention_data, health, options
 from ablations import runs as R
-from ablations.budgets import BUDGETS, Budget, row_config
+from ablations.budgets import BUDGETS, Budget, as_recorded, row_config
 from ablations.data import DataError, data_dir
 from ablations.distributed import check_accumulation, from_environment, main_first, setup, teardown
 from ablations.grid import Grid, prepare_data, run_grid
@@ -119,30 +119,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def recorded_data(budget: Budget, ended: list[Path]) -> tuple[Budget, str]:
-    """The budget and preset with the data settings the runs recorded in their config.json (a run trained with
-    --dev-pairs or --preset saw other data than its budget's), so that the baseline is the runs' own data's."""
-    seen = set()
-    for directory in ended:
-        recorded = R.read_config(directory) or {}
-        data, train = recorded.get("data", {}), recorded.get("train", {})
-        seen.add(
-            (
-                recorded.get("preset", budget.preset),
-                recorded.get("config", {}).get("vocab_size", budget.vocab_size),
-                data.get("max_train_pairs", budget.max_train_pairs),
-                data.get("dev_pairs", budget.dev_pairs),
-                train.get("max_sentence_tokens", budget.max_sentence_tokens),
-            )
-        )
+    """The budget and preset with the data settings the runs recorded, so that the baseline is their own data's."""
+    seen = {as_recorded(budget, R.read_config(directory) or {}) for directory in ended}
     if len(seen) != 1:
         raise DataError(
             f"the runs under {ended[0].parent} were trained on {len(seen)} different data settings (preset, BPE size, "
             "training or dev pairs); publish each set from its own --runs folder"
         )
-    preset, vocab, max_train_pairs, dev_pairs, max_sentence_tokens = seen.pop()
-    return budget.replace(
-        vocab_size=vocab, max_train_pairs=max_train_pairs, dev_pairs=dev_pairs, max_sentence_tokens=max_sentence_tokens
-    ), preset
+    return seen.pop()
 
 
 def parser() -> argparse.ArgumentParser:

@@ -173,6 +173,19 @@ def row_config(row: Table3Row, b: Budget, vocab_size: int) -> TransformerConfig:
     )
 
 
+def as_recorded(b: Budget, config: dict) -> tuple[Budget, str]:
+    """Budget b with the data settings a run's config.json recorded, and its preset: the data that run saw (`run
+    --dev-pairs` or `--preset` change it from its budget's). A setting the config lacks keeps b's value."""
+    data, train = config.get("data", {}), config.get("train", {})
+    recorded = b.replace(
+        vocab_size=config.get("config", {}).get("vocab_size", b.vocab_size),
+        max_train_pairs=data.get("max_train_pairs", b.max_train_pairs),
+        dev_pairs=data.get("dev_pairs", b.dev_pairs),
+        max_sentence_tokens=train.get("max_sentence_tokens", b.max_sentence_tokens),
+    )
+    return recorded, config.get("preset", b.preset)
+
+
 def row_steps(row: Table3Row, b: Budget) -> int:
     return b.steps if b.steps is not None else row.train_steps
 

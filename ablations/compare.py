@@ -146,7 +146,12 @@ def table(found: pd.DataFrame, baseline: health.Baseline) -> str:
         }
     )
     shown = ppl.join(summary).reset_index()
-    return shown.to_markdown(index=False, floatfmt=".3g") + "\n"
+    means = ended[["dev_ppl", "bleu"]].mean().groupby("model", sort=False).mean()  # each row weighs the same
+    overall = "; ".join(f"{m}: dev PPL {r.dev_ppl:.2f}, BLEU {r.bleu:.2f}" for m, r in means.iterrows())
+    return (
+        shown.to_markdown(index=False, floatfmt=".3g")
+        + f"\n\nMean over rows of the last dev PPL and the BLEU (each row its mean over seeds): {overall}.\n"
+    )
 
 
 def figure(found: pd.DataFrame, path: Path, title: str) -> None:

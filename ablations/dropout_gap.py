@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from ablations import runs as R
 from ablations.batching import make_batch
 from ablations.bpe import encode
-from ablations.budgets import budget
+from ablations.budgets import as_recorded, budget
 from ablations.data import data_dir, preset_named, read_pairs
 from ablations.evaluate import perplexity
 from ablations.options import check_counts, failed
@@ -62,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             preset = config["preset"]
             if preset not in dev_sets:
                 dev_sets[preset] = read_pairs(data_dir(args.data), preset_named(preset).dev, preset)
-            recorded = config["data"]  # the run was scored on this many leading dev pairs (None: all of them)
-            dev_pairs = recorded["dev_pairs"] if "dev_pairs" in recorded else budget(config["budget"]).dev_pairs
+            dev_pairs = as_recorded(budget(config["budget"]), config)[0].dev_pairs  # the run's (None: all of them)
         except ValueError as exc:  # DataError, an unknown budget, NoTrainedModel (a missing BPE or weights)
             return failed(exc)
         pairs = dev_sets[preset].head(min(args.pairs, dev_pairs or args.pairs))
@@ -87,15 +86,16 @@ def _rms(t: torch.Tensor) -> torch.Tensor:
     return t.pow(2).mean(-1).sqrt()
 
 
-def _pass(model: Seq2SeqModel, src: list[list[int]], tgt: list[list[int]], dropout: bool) -> tuple[dict, float]:
+def _pass(
+    model: Seq2SeqModel,
+    residuals: list[tuple[str, Residual]],
+    src: list[list[int]],
+    tgt: list[list[int]],
+    dropout: bool,
+) -> tuple[dict, float]:
     """One pass over the pairs in one mode: each Residual's inputs and output per sentence, and the mean entropy of
     the predicted distributions (nats)."""
     seen: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
-    residuals = [(name, m) for name, m in model.named_modules() if isinstance(m, Residual)]
-    if not residuals:
-        raise ValueError(
-            "--layers reads the reference model's residual sublayers (model/layers.py); this model has none"
-        )
 
     def recorder(name: str):
         return lambda module, args, output: seen.setdefault(name, []).append((args[0], args[1], output))
@@ -120,8 +120,13 @@ def layer_table(model: Seq2SeqModel, src: list[list[int]], tgt: list[list[int]])
     against its input (rms ratio) with dropout off and on, and the cosine between the two modes' outputs on the same
     sentences; then the predicted distribution's entropy. Where the cosine falls is where eval mode leaves the
     representations that training (dropout on) shaped."""
-    off, entropy_off = _pass(model, src, tgt, dropout=False)
-    on, entropy_on = _pass(model, src, tgt, dropout=True)
+    residuals = [(name, m) for name, m in model.named_modules() if isinstance(m, Residual)]
+    if not residuals:
+        raise ValueError(
+            "--layers reads the reference model's residual sublayers (model/layers.py); this model has none"
+        )
+    off, entropy_off = _pass(model, residuals, src, tgt, dropout=False)
+    on, entropy_on = _pass(model, residuals, src, tgt, dropout=True)
     lines = [
         "| sublayer | update / input rms, dropout off | dropout on | cosine of the outputs, off vs on |",
         "|---|---|---|---|",

@@ -142,6 +142,7 @@ def test_compare_trains_each_entry_on_the_same_batches_and_draws_one_curve_per_e
     assert found["run"].nunique() == 2 and set(found["status"]) == {"finished"}
     assert out.with_suffix(".png").stat().st_size > 0
     assert "reference@normal" in out.with_suffix(".md").read_text()
+    assert "Mean over rows of the last dev PPL and the BLEU" in out.with_suffix(".md").read_text()
     assert compare.main([*argv, "--report-only"]) == 0  # redrawn from disk, nothing trained again
     trained_at = R.read_final(runs / "smoke" / found["run"].iloc[0])["commit"]
     assert f"commit {trained_at}" in out.with_suffix(".md").read_text()  # the runs' commit, not only the drawing's
