@@ -54,4 +54,4 @@ def bench(session: nox.Session) -> None:
     goes; writes reports/bench.md and reports/profile.md."""
     session.install("-e", ".[bench]")
     session.run("python", "-m", "ablations.bench", *session.posargs)
-    session.run("python", "-m", "ablations.profiling")
+    session.run("python", "-m", "ablations.bench.profiling")

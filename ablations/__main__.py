@@ -11,22 +11,24 @@ from pathlib import Path
 
 import torch
 
-from ablations import attention_data, health, options
-from ablations import runs as R
-from ablations.budgets import BUDGETS, Budget, as_recorded, row_config
-from ablations.data import DataError, data_dir
-from ablations.distributed import check_accumulation, from_environment, main_first, setup, teardown
-from ablations.grid import Grid, prepare_data, run_grid
-from ablations.options import RunOptions
-from ablations.outcomes import summary
-from ablations.stopping import Stopped, graceful_stops
-from ablations.throughput import choose_threads
 import invariants.mutants  # noqa: F401  (registers mutant:NAME, so --model mutant:NAME trains a broken model)
+from ablations.data.corpora import DataError, data_dir
+from ablations.grid import health
+from ablations.grid.runner import Grid, prepare_data, run_grid
+from ablations.runs import folder as R
+from ablations.runs import options
+from ablations.runs.budgets import BUDGETS, Budget, as_recorded, row_config
+from ablations.runs.options import RunOptions
+from ablations.runs.outcomes import summary
+from ablations.studies import attention_data
+from ablations.training.distributed import check_accumulation, from_environment, main_first, setup, teardown
+from ablations.training.stopping import Stopped, graceful_stops
+from ablations.training.throughput import choose_threads
 from model.files import write_atomic
 
 
 def cmd_run(options: RunOptions) -> int:
-    """The grid in this process, or data-parallel over the processes torchrun started (ablations/distributed.py)."""
+    """The grid in this process, or data-parallel over the processes torchrun started (ablations/training/distributed.py)."""
     b, rows = options.budget, options.rows
     ranks = from_environment()
     check_accumulation(options.accumulation or b.accumulation, ranks)
@@ -35,7 +37,7 @@ def cmd_run(options: RunOptions) -> int:
             device = setup(ranks, options.device)
             if device.type == "cuda":
                 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-            else:  # one thread for the scaled models unless asked (ablations/throughput.py says why)
+            else:  # one thread for the scaled models unless asked (ablations/training/throughput.py says why)
                 torch.set_num_threads(choose_threads(row_config(rows[0], b, vocab_size=1), options.threads))
             data = main_first(ranks, lambda: prepare_data(b, options.preset, options.data, options.runs))
             scaled = f" (SCALED: sizes / {b.scale})" if b.scaled else ""
@@ -89,7 +91,7 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     """Copy a budget's results (no checkpoints) under reports/results/<budget>/ for readers, with the attention
-    figure's data from base's weights and the data's baseline (ablations/health.py) where those can be had."""
+    figure's data from base's weights and the data's baseline (ablations/grid/health.py) where those can be had."""
     source = Path(args.runs) / args.budget
     ended = [directory for directory, _ in R.ended_results(source)] if source.is_dir() else []
     if not ended:
@@ -109,7 +111,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         print(f"base's encoder attention -> {target / attention_data.PUBLISHED}")
     except attention_data.NoAttentionData as missing:
         print(f"no attention figure data: {missing}")
-    try:  # the thresholds by which the reports judge whether each run learned (ablations/health.py)
+    try:  # the thresholds by which the reports judge whether each run learned (ablations/grid/health.py)
         budget, preset = recorded_data(BUDGETS[args.budget], ended)
         baseline = health.measure(prepare_data(budget, preset, data_dir(args.data), Path(args.runs)))
         print(f"unigram PPL {baseline.unigram_ppl:.0f} of the data -> {health.write(target, baseline)}")

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from invariants import profiles
 from invariants.subject import Factory, Subject
 from invariants.tolerances import Tolerance
-from model import kernel
+from model import kernels
 
 PASS, FAIL, NOT_APPLICABLE, ERROR = "pass", "fail", "not_applicable", "error"
 VERDICTS = (PASS, FAIL, NOT_APPLICABLE, ERROR)
@@ -127,7 +127,7 @@ def run(
     The reference's CPU kernels are used if built but never built here: a build takes longer than every check
     together, and the checks run mostly in float64 on small batches, where the kernels save little.
     """
-    with kernel.without_building():
+    with kernels.without_building():
         return _run(prop, subject, settings, seed, replay, profile)
 
 

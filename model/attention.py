@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model import kernel
+from model import kernels
 from model.config import TransformerConfig
 
 # attend(q, k, v, allowed, need_weights) -> (output, probabilities or None)
@@ -48,9 +48,9 @@ def explicit_is_faster(q: Tensor, k: Tensor) -> bool:
 
 def attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
     """The reference attention: a decoding step's few queries, and heads of width up to 8 in training, through the
-    fused CPU kernels (model/kernel.py); everything else through torch ops (`attend_with_torch_ops`)."""
-    if not need_weights and kernel.applies(q, k, v, allowed):
-        return kernel.attention(q, k, v, allowed), None
+    fused CPU kernels (model/kernels/); everything else through torch ops (`attend_with_torch_ops`)."""
+    if not need_weights and kernels.applies(q, k, v, allowed):
+        return kernels.attention(q, k, v, allowed), None
     return attend_with_torch_ops(q, k, v, allowed, need_weights)
 
 
@@ -131,8 +131,8 @@ class KVCache:
 
     def rewrite_rows(self, names: list[str], index: Tensor, moved: Tensor) -> None:
         """The moved rows of these entries' buffers take their source rows' filled positions, in place: by the kernel
-        (model/kernel.py: each row copied once, all entries in one call), else by `rewrite_rows_with_torch_ops`."""
-        if not kernel.reorder_rows([b for n in names for b in self._buffers[n]], index, self.kv[names[0]][0].size(2)):
+        (model/kernels/: each row copied once, all entries in one call), else by `rewrite_rows_with_torch_ops`."""
+        if not kernels.reorder_rows([b for n in names for b in self._buffers[n]], index, self.kv[names[0]][0].size(2)):
             self.rewrite_rows_with_torch_ops(names, index, moved)
 
     def rewrite_rows_with_torch_ops(self, names: list[str], index: Tensor, moved: Tensor) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from model import kernel
+from model import kernels
 
 
 class _LabelSmoothedLoss(torch.autograd.Function):
@@ -13,7 +13,7 @@ class _LabelSmoothedLoss(torch.autograd.Function):
 
     F.cross_entropy(label_smoothing=eps) builds its gradient from a scattered one-hot, a broadcast smoothing term and
     their sum, each as large as the logits; here the gradient w * (softmax - q) is written once, from each row's
-    maximum and log-sum-exp: by the CPU kernel (model/kernel.py) with `by_kernel`, else by torch ops.
+    maximum and log-sum-exp: by the CPU kernel (model/kernels/) with `by_kernel`, else by torch ops.
     """
 
     @staticmethod
@@ -21,7 +21,7 @@ class _LabelSmoothedLoss(torch.autograd.Function):
         flat, target = logits.reshape(-1, logits.size(-1)), target.reshape(-1)
         weight = target.ne(pad_id).to(logits.dtype)
         weight = weight / weight.sum()  # 0/0 = nan with no target token, as F.cross_entropy gives
-        rows, top, log_sum = kernel.smoothed_nll(flat, target, eps) if by_kernel else row_losses(flat, target, eps)
+        rows, top, log_sum = kernels.smoothed_nll(flat, target, eps) if by_kernel else row_losses(flat, target, eps)
         ctx.save_for_backward(flat, target, weight, top, log_sum)
         ctx.eps, ctx.shape, ctx.by_kernel = eps, logits.shape, by_kernel
         return rows.mul_(weight).sum()
@@ -32,7 +32,7 @@ class _LabelSmoothedLoss(torch.autograd.Function):
         flat, target, weight, top, log_sum = ctx.saved_tensors
         scale, eps = weight * grad, ctx.eps  # (N,)
         if ctx.by_kernel:
-            out = kernel.smoothed_nll_backward(flat, target, top, log_sum, scale, eps)
+            out = kernels.smoothed_nll_backward(flat, target, top, log_sum, scale, eps)
             return out.view(ctx.shape), None, None, None, None
         softmax = torch.exp((flat - top.unsqueeze(1)).sub_(log_sum.unsqueeze(1)))  # x - m first: no digits lost
         out = softmax.sub_(eps / flat.size(-1)).mul_(scale.unsqueeze(1))  # w * (softmax - eps / V) ...
@@ -52,7 +52,7 @@ def row_losses(logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tens
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
     """Cross-entropy against (1 - eps) * one-hot + eps / vocab, averaged over non-pad target tokens (section 5.4)."""
-    return _LabelSmoothedLoss.apply(logits, target, pad_id, eps, kernel.takes_loss(logits))
+    return _LabelSmoothedLoss.apply(logits, target, pad_id, eps, kernels.takes_loss(logits))
 
 
 def label_smoothed_loss_by_torch_ops(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ablations import runs as R
-from ablations.stopping import stops_cleanly
+from ablations.runs import folder as R
+from ablations.training.stopping import stops_cleanly
 from invariants.report import writable_folder
 from model.files import shown_path
 from model.table3 import table3_rows

@@ -1,6 +1,6 @@
 """Attention maps like the paper's Figures 3-5: a trained model's encoder self-attention in one layer for one sentence,
 one panel per head, drawn from a budget's published attention.json or, in a runner's folder, from the trained base
-model itself (ablations/attention_data.py reads both).
+model itself (ablations/studies/attention_data.py reads both).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from ablations.attention_data import MAX_HEADS, PUBLISHED, SENTENCE, NoAttentionData, extract  # noqa: E402
+from ablations.studies.attention_data import MAX_HEADS, PUBLISHED, SENTENCE, NoAttentionData, extract  # noqa: E402
 from reports.inputs import MissingInput  # noqa: E402
 
 

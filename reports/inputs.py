@@ -3,7 +3,7 @@
 Ablation results live in one folder per budget, `<results>/<budget>/`, each run in a sub-folder holding
 `config.json`, `metrics.jsonl` and, once it ended, `final.json` (committed results add `results.csv` and put the
 run folders under `runs/`; a runner's own `runs/<budget>/` folder reads the same way). They are read with the
-runner's own readers (ablations.runs), from the final.json files that results.csv is gathered from. Invariants verdicts are
+runner's own readers (ablations.runs.folder), from the final.json files that results.csv is gathered from. Invariants verdicts are
 `<invariants>/<model>.json`, one per model, and `<invariants>/kill_matrix.json`.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ablations import health
-from ablations import runs as R
+from ablations.grid import health
+from ablations.runs import folder as R
 from model.files import shown_path
 
 RESULTS_DIR = Path("reports") / "results"  # default paths are relative to the working directory (the repository root)

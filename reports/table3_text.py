@@ -7,8 +7,8 @@ import math
 
 import pandas as pd
 
-from ablations.data import PRESETS
-from ablations.health import PUBLISHED as BASELINE
+from ablations.data.corpora import PRESETS
+from ablations.grid.health import PUBLISHED as BASELINE
 from model.files import shown_path
 from reports.inputs import BudgetResults
 from reports.table3 import PAPER_CONFIG, Summary, count_rows
@@ -122,7 +122,7 @@ def provenance(results: BudgetResults, table: pd.DataFrame) -> list[tuple[str, s
 
 
 def learning_text(results: BudgetResults, rows: list[str]) -> str:
-    """How many finished runs left the unigram plateau, and which ended on it or collapsed (ablations/health.py)."""
+    """How many finished runs left the unigram plateau, and which ended on it or collapsed (ablations/grid/health.py)."""
     baseline = results.baseline
     if baseline is None:
         return f"not judged: no readable {BASELINE} beside the results (`python -m ablations publish` writes it)"

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from ablations import runs as R
-from ablations.budgets import BUDGETS
-from ablations.data import ENV_VAR
-from ablations.grid import prepare_data
+from ablations.data.corpora import ENV_VAR
+from ablations.grid.runner import prepare_data
+from ablations.runs import folder as R
+from ablations.runs.budgets import BUDGETS
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_DATA = Path(

@@ -106,7 +106,9 @@ def test_the_wheel_declares_what_the_invariants_import_and_the_console_scripts(w
     assert {"aiayn-invariants", "aiayn-ablations", "aiayn-reports"} <= {
         line.split("=")[0].strip() for line in scripts.splitlines()
     }
-    kernels = [f"model/{name}_kernel.cpp" for name in ("attention", "narrow", "reorder", "loss")] + ["model/kernels.h"]
+    kernels = [f"model/kernels/{name}.cpp" for name in ("attention", "narrow", "reorder", "loss")] + [
+        "model/kernels/kernels.h"
+    ]
     assert "model/table3.csv" in names and set(kernels) <= set(names)
     assert "[pytest11]\naiayn-invariants = pytest_aiayn" in scripts and "pytest_aiayn.py" in names  # the pytest plugin
 
@@ -121,7 +123,7 @@ def test_installed_package_runs_from_a_working_directory_and_reads_its_paths_the
         venv,
         tmp_path,
         "-c",
-        "from model import kernel; print(all(f.is_file() for f in [*kernel.SOURCES, kernel.HEADER]))",
+        "from model import kernels; print(all(f.is_file() for f in [*kernels.SOURCES, kernels.HEADER]))",
     )
     assert kernel_source.stdout.strip() == "True", kernel_source.stderr  # what the kernel is built from, on first use
 

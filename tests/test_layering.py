@@ -1,4 +1,5 @@
-"""Imports flow one way: model <- invariants <- ablations/reports, and no modules import each other in a cycle."""
+"""Imports flow one way: model <- invariants <- ablations/reports; inside ablations/, down its flow of sub-packages;
+no modules import each other in a cycle."""
 
 import ast
 import re
@@ -99,6 +100,48 @@ def test_a_lower_layer_imports_no_higher_one(lower):
     assert not bad, f"{lower}/ must not import {', '.join(sorted(FORBIDDEN[lower]))}: {bad}"
 
 
+# ablations/'s sub-packages in the order of its flow (its package docstring lists them): each imports only from itself
+# and from those before it.
+FLOW = ("data", "runs", "scoring", "training", "grid", "studies", "bench")
+
+
+def stage(module: str) -> int | None:
+    """The position in FLOW of the ablations sub-package that holds `module`; None outside them."""
+    parts = module.split(".")
+    return FLOW.index(parts[1]) if parts[0] == "ablations" and len(parts) > 1 and parts[1] in FLOW else None
+
+
+def test_ablations_sub_packages_import_only_their_own_and_earlier_stages_of_the_flow():
+    bad = [
+        f"{module} -> {target}"
+        for module in MODULES
+        if stage(module) is not None
+        for target in sorted(GRAPH[module] | named_in_strings(module))
+        if target.split(".")[0] == "ablations"
+        and target != "ablations.__main__"  # the SLURM launcher's one exception, held below
+        and (stage(target) is None or stage(target) > stage(module))
+    ]
+    assert not bad, f"ablations/ imports against its flow {' -> '.join(FLOW)}: {bad}"
+
+
+def test_the_flow_is_written_in_the_ablations_docstring_in_order_and_covers_its_sub_packages():
+    import ablations
+
+    listed = re.findall(r"^ {4}(\w+)/ ", ablations.__doc__, re.M)
+    on_disk = {p.parent.name for p in (REPO / "ablations").glob("*/__init__.py")}
+    assert tuple(listed) == FLOW and set(FLOW) == on_disk
+
+
+def test_the_flow_rule_sees_an_import_against_it():
+    assert stage("ablations.data.bpe") < stage("ablations.training.train") and stage("ablations.__main__") is None
+
+
+def test_the_cpp_kernels_header_and_loader_share_one_folder():
+    sources = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "model").rglob("*") if p.suffix in (".cpp", ".h"))
+    assert sources and all(s.startswith("model/kernels/") for s in sources)
+    assert "model.kernels" in MODULES
+
+
 def test_no_modules_import_each_other_in_a_cycle():
     # A package's __init__ re-exporting its submodules is not a cycle of dependence: drop the edges into __init__s.
     graph = {m: {t for t in targets if MODULES[t].name != "__init__.py"} for m, targets in GRAPH.items()}
@@ -119,7 +162,7 @@ def test_the_walker_sees_a_cycle_and_a_string_import():
 def test_no_library_module_imports_the_command_line():
     # The SLURM launcher alone: each of its jobs re-runs `python -m ablations run ...` on its node.
     importers = sorted(m for m in MODULES if "ablations.__main__" in GRAPH[m] | named_in_strings(m))
-    assert importers == ["ablations.slurm"]
+    assert importers == ["ablations.grid.slurm"]
 
 
 RUN_FILES = (
@@ -155,4 +198,4 @@ def spelled(module: str, text: str) -> bool:
 
 @pytest.mark.parametrize("name", RUN_FILES)
 def test_a_run_folders_file_is_named_in_one_place(name):
-    assert [m for m in MODULES if spelled(m, name)] == ["ablations.runs"]
+    assert [m for m in MODULES if spelled(m, name)] == ["ablations.runs.folder"]

@@ -6,13 +6,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablations import profiling, throughput
-from ablations.bench import main
-from ablations.bench_variants import FullReorderCache, StridedCrossCache, TorchOpsReorderCache
-from ablations.bpe import PAD
-from ablations.decoding import beam_search
-from ablations.throughput import choose_threads
-from model import Transformer, TransformerConfig, kernel
+from ablations.bench import profiling
+from ablations.bench.measure import main
+from ablations.bench.variants import FullReorderCache, StridedCrossCache, TorchOpsReorderCache
+from ablations.data.bpe import PAD
+from ablations.scoring.decoding import beam_search
+from ablations.training import throughput
+from ablations.training.throughput import choose_threads
+from model import Transformer, TransformerConfig, kernels
 from model.attention import KVCache
 from tests.helpers import needs_data
 
@@ -165,10 +166,10 @@ def test_profile_shares_of_training_and_beam_search_sum_to_one(tmp_path):
 def test_profile_counts_each_kernel_of_the_reference_under_a_kind_of_its_own():
     named = {op for ops in profiling.KINDS.values() for op in ops}
     assert {
-        kernel.PROFILER_NAME,
-        kernel.NARROW_PROFILER_NAME,
-        kernel.LOSS_PROFILER_NAME,
-        kernel.REORDER_PROFILER_NAME,
+        kernels.PROFILER_NAME,
+        kernels.NARROW_PROFILER_NAME,
+        kernels.LOSS_PROFILER_NAME,
+        kernels.REORDER_PROFILER_NAME,
     } <= named
 
 
@@ -190,7 +191,7 @@ def test_an_output_path_it_cannot_write_is_a_one_line_error_before_any_measuring
 
 
 def test_a_reports_command_line_shows_absolute_paths_relative_to_the_working_directory():
-    from ablations.bench_report import shown_args
+    from ablations.bench.report import shown_args
 
     assert (
         shown_args(["--runs", str(Path.cwd().parent / "runs"), "--sizes", "scaled"]) == "--runs ../runs --sizes scaled"

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from ablations.batching import BatchStream, bucketed_batches, make_batch
-from ablations.bpe import BOS, EOS, PAD, shared_bpe
-from ablations.budgets import BUDGETS, row_config, row_lr_peak, select_rows
-from ablations.data import DataError, Pairs, data_dir, load_corpus, normalise, read_lines, read_pairs, shuffled
+from ablations.data.batching import BatchStream, bucketed_batches, make_batch
+from ablations.data.bpe import BOS, EOS, PAD, shared_bpe
+from ablations.data.corpora import DataError, Pairs, data_dir, load_corpus, normalise, read_lines, read_pairs, shuffled
+from ablations.runs.budgets import BUDGETS, row_config, row_lr_peak, select_rows
 from tests.helpers import REAL_DATA, needs_data
 
 

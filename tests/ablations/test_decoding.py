@@ -6,8 +6,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from ablations.bpe import BOS, EOS, PAD
-from ablations.decoding import beam_search, length_penalty, translate
+from ablations.data.bpe import BOS, EOS, PAD
+from ablations.scoring.decoding import beam_search, length_penalty, translate
 from model import Transformer, TransformerConfig
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see tests/conftest.py

@@ -6,8 +6,8 @@ import sys
 import pytest
 import torch
 
-from ablations import runs as R
-from ablations.distributed import SINGLE, Ranks, check_accumulation, from_environment, shard, step_seed
+from ablations.runs import folder as R
+from ablations.training.distributed import SINGLE, Ranks, check_accumulation, from_environment, shard, step_seed
 from tests.helpers import logged, needs_data, only_run, result, run_ablations, runs_folder, smoke_cache
 
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")

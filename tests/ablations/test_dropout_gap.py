@@ -1,4 +1,4 @@
-"""`python -m ablations.dropout_gap` scores a run's weights with dropout off (as the runner does) and on."""
+"""`python -m ablations.studies.dropout_gap` scores a run's weights with dropout off (as the runner does) and on."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablations import dropout_gap
-from ablations.budgets import budget
-from ablations.data import data_dir
-from ablations.evaluate import perplexity
-from ablations.grid import prepare_data
+from ablations.data.corpora import data_dir
+from ablations.grid.runner import prepare_data
+from ablations.runs.budgets import budget
+from ablations.scoring.evaluate import perplexity
+from ablations.studies import dropout_gap
 from model import ModelSpec, TransformerConfig, load_model
 from tests.helpers import needs_data
 

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from ablations import fanout
-from ablations import runs as R
-from ablations.fanout import main, split, without
-from ablations.stopping import Stopped, graceful_stops
+from ablations.grid import fanout
+from ablations.grid.fanout import main, split, without
+from ablations.runs import folder as R
+from ablations.training.stopping import Stopped, graceful_stops
 from tests.helpers import DEV_PAIRS, REAL_DATA, needs_data, runs_folder, smoke_cache
 
 

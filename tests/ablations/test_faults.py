@@ -13,13 +13,14 @@ import pytest
 import torch
 from torch import nn
 
-from ablations import runs as R
 from ablations.__main__ import main
-from ablations.budgets import BUDGETS
-from ablations.runs import previous_checkpoint
-from ablations.train import TrainState, make_optimizer, resume, save_checkpoint
+from ablations.runs import folder as R
+from ablations.runs.budgets import BUDGETS
+from ablations.runs.folder import previous_checkpoint
+from ablations.training.train import TrainState, make_optimizer, resume, save_checkpoint
 from model import Transformer, TransformerConfig
 from tests.helpers import (
+    REPO,
     STEPS,
     ablations_argv,
     environment,
@@ -30,7 +31,6 @@ from tests.helpers import (
     run_ablations,
     runs_folder,
     smoke_cache,
-    REPO,
 )
 
 
@@ -160,7 +160,7 @@ def test_a_half_written_final_json_is_never_read_as_finished(tmp_path, fraction)
 WRITER = """
 import sys
 from pathlib import Path
-from ablations import runs as R
+from ablations.runs import folder as R
 path, n = Path(sys.argv[1]), 0
 print("ready", flush=True)
 while True:  # two complete versions of a large final.json, written over each other until killed

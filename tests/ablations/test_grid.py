@@ -7,13 +7,14 @@ steps, so the numbers show that the machinery works, not what the rows are worth
 import pytest
 import torch
 
-from ablations import runs as R
-from ablations.budgets import BUDGETS
-from ablations.grid import Grid, prepare_data, run_grid, run_one
-from ablations.train import read_checkpoint
+from ablations.grid.runner import Grid, prepare_data, run_grid, run_one
+from ablations.runs import folder as R
+from ablations.runs.budgets import BUDGETS
+from ablations.training.train import read_checkpoint
 from model import ModelSpec
 from model.table3 import table3_rows
-from tests.ablations.test_run_identity import SMOKE as SMOKE_IDENTITIES, SMOKE_BPE
+from tests.ablations.test_run_identity import SMOKE as SMOKE_IDENTITIES
+from tests.ablations.test_run_identity import SMOKE_BPE
 from tests.helpers import REAL_DATA, needs_data
 
 pytestmark = [pytest.mark.slow, needs_data]

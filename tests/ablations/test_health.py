@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ablations import health
+from ablations.grid import health
 
 
 @pytest.mark.parametrize(

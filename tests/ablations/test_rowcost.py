@@ -1,6 +1,6 @@
-"""python -m ablations.rowcost: a grid's cost per row, before it runs."""
+"""python -m ablations.bench.rowcost: a grid's cost per row, before it runs."""
 
-from ablations.rowcost import main
+from ablations.bench.rowcost import main
 
 
 def test_rowcost_prints_each_rows_step_time_relative_to_the_first(capsys):

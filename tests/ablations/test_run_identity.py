@@ -2,7 +2,7 @@
 background included) finds the runs it finished and skips them.
 
 The expected hashes were recorded with the code of commit 825d464, before run folders had an owner of their own
-(ablations/runs.py) and before the run request became one value (ablations/options.py).
+(ablations/runs/folder.py) and before the run request became one value (ablations/runs/options.py).
 """
 
 from pathlib import Path
@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ablations import runs as R
-from ablations.budgets import BUDGETS, Budget, select_rows
-from ablations.grid import Grid, plan_run
+from ablations.grid.runner import Grid, plan_run
+from ablations.runs import folder as R
+from ablations.runs.budgets import BUDGETS, Budget, select_rows
 from model.registry import parse_spec
 from tests.helpers import REPO
 
@@ -42,7 +42,7 @@ SMOKE = {  # row: key, for the smoke budget, seed 1, the reference model, in the
     "E1": "3bd6d798",
     "big": "88324b1e",
 }
-# (spec, init rule, row): the cpu budget at 1000 steps and 300 dev pairs, as `python -m ablations.compare --steps 1000
+# (spec, init rule, row): the cpu budget at 1000 steps and 300 dev pairs, as `python -m ablations.studies.compare --steps 1000
 # --dev-pairs 300` trains them (the cross-check running beside this work has folders of these names)
 COMPARE = {
     ("reference", "xavier", "base"): "9665cbbf",

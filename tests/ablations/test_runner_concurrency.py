@@ -18,9 +18,9 @@ import time
 import pytest
 import torch
 
-from ablations import runs as R
 from ablations.__main__ import main
-from ablations.train import make_optimizer
+from ablations.runs import folder as R
+from ablations.training.train import make_optimizer
 from tests.helpers import DEV_PAIRS, logged, needs_data, result, runs_folder, smoke_cache
 
 pytestmark = [needs_data, pytest.mark.usefixtures("single_thread")]

@@ -10,16 +10,16 @@ import shutil
 import pytest
 import torch
 
-from ablations import runs as R
 from ablations.__main__ import main
-from ablations.data import DataError, read_lines
-from ablations.train import (
+from ablations.data.corpora import DataError, read_lines
+from ablations.runs import folder as R
+from ablations.training.train import (
     ForeignCheckpoint,
+    TrainState,
     check_belongs,
     make_optimizer,
     read_checkpoint,
     save_checkpoint,
-    TrainState,
 )
 from model import Transformer, TransformerConfig
 from reports.inputs import budget_folders, load_budget

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from ablations import options
 from ablations.__main__ import main
-from ablations.options import parse_seeds
+from ablations.runs import options
+from ablations.runs.options import parse_seeds
 from model import files
 from tests.helpers import needs_data
 

@@ -18,10 +18,10 @@ import time
 import pytest
 import torch
 
-from ablations import runs as R
 from ablations.__main__ import main
-from ablations.stopping import stops_cleanly
-from ablations.train import make_optimizer, read_checkpoint
+from ablations.runs import folder as R
+from ablations.training.stopping import stops_cleanly
+from ablations.training.train import make_optimizer, read_checkpoint
 from model import Transformer, files
 from tests.helpers import ablations_argv, logged, needs_data, result, runs_folder, smoke_cache
 

@@ -6,16 +6,16 @@ import math
 import pytest
 import torch
 
-from ablations import health
-from ablations import runs as R
 from ablations.__main__ import main, recorded_data
-from ablations.batching import make_batch
-from ablations.budgets import BUDGETS, select_rows
-from ablations.data import DataError
-from ablations.decoding import translate
-from ablations.evaluate import perplexity
-from ablations.grid import Grid, prepare_data, run_grid, run_one
-from ablations.train import TrainState, load_checkpoint, make_optimizer, save_checkpoint, train_step
+from ablations.data.batching import make_batch
+from ablations.data.corpora import DataError
+from ablations.grid import health
+from ablations.grid.runner import Grid, prepare_data, run_grid, run_one
+from ablations.runs import folder as R
+from ablations.runs.budgets import BUDGETS, select_rows
+from ablations.scoring.decoding import translate
+from ablations.scoring.evaluate import perplexity
+from ablations.training.train import TrainState, load_checkpoint, make_optimizer, save_checkpoint, train_step
 from model import Transformer, TransformerConfig, parse_spec
 from tests.helpers import NO_DATA, REAL_DATA, needs_data
 

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
-from ablations import compare
-from ablations import runs as R
-from ablations.budgets import BUDGETS, row_config
+from ablations.runs import folder as R
+from ablations.runs.budgets import BUDGETS, row_config
+from ablations.studies import compare
 from model import load_model
 from model.config import TransformerConfig
 from model.init import NORMAL_STD

@@ -1,4 +1,4 @@
-"""The attention kernels (model/kernel.py) compute what the torch ops compute, forward and backward, and are taken only
+"""The attention kernels (model/kernels/) compute what the torch ops compute, forward and backward, and are taken only
 where they apply."""
 
 import os
@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import Tensor
 
-from ablations.bpe import PAD
-from ablations.decoding import beam_search
-from model import Parts, Transformer, TransformerConfig, kernel
+from ablations.data.bpe import PAD
+from ablations.scoring.decoding import beam_search
+from model import Parts, Transformer, TransformerConfig, kernels
 from model.attention import attend, attend_with_torch_ops, explicit_attention
 
-needs_kernel = pytest.mark.skipif(kernel.compiled() is None, reason="the kernel cannot be built here (see stderr)")
+needs_kernel = pytest.mark.skipif(kernels.compiled() is None, reason="the kernel cannot be built here (see stderr)")
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}  # outputs are O(1) averages of O(1) values
 
 
@@ -36,7 +36,7 @@ def test_kernel_equals_explicit_attention_with_padding_and_a_row_without_keys(dt
     pad = torch.tensor([[False] * 9, [False] * 5 + [True] * 4, [True] * 9])  # the third row sees no key at all
     allowed = ~pad[:, None, None, :]
     expected, _ = explicit_attention(q, k, v, allowed)
-    got = kernel.attention(q, k, v, allowed)
+    got = kernels.attention(q, k, v, allowed)
     torch.testing.assert_close(got, expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
     assert got[2].eq(0).all()
 
@@ -50,24 +50,24 @@ def test_kernel_reads_the_cache_views_and_head_layout_that_decoding_passes():
     q_heads = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, h, 1, d) as split from a (B, 1, h * d) projection
     causal = torch.ones(1, 40, dtype=torch.bool)  # a decoding step's causal mask: every cached key is visible
     expected, _ = explicit_attention(q, k, v, causal)
-    torch.testing.assert_close(kernel.attention(q_heads, k_view, v_view, causal), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kernels.attention(q_heads, k_view, v_view, causal), expected, atol=1e-5, rtol=1e-5)
 
 
 @needs_kernel
 def test_attend_takes_the_kernel_for_a_few_queries_without_gradients_or_for_narrow_heads():
     allowed = torch.ones(1, 5, dtype=torch.bool)
     few_wide = qkv(2, 2, 1, 5, 64, 64, torch.float32)
-    many_wide = qkv(2, 2, kernel.MAX_QUERIES + 1, 5, 64, 64, torch.float32)
-    many_narrow = qkv(2, 2, kernel.MAX_QUERIES + 1, 5, kernel.NARROW, kernel.NARROW, torch.float32)
-    assert kernel.applies(*few_wide, allowed) and kernel.applies(*many_narrow, allowed)
-    assert not kernel.applies(*many_wide, allowed)
-    assert not kernel.applies(*(x.bfloat16() for x in few_wide), allowed)
+    many_wide = qkv(2, 2, kernels.MAX_QUERIES + 1, 5, 64, 64, torch.float32)
+    many_narrow = qkv(2, 2, kernels.MAX_QUERIES + 1, 5, kernels.NARROW, kernels.NARROW, torch.float32)
+    assert kernels.applies(*few_wide, allowed) and kernels.applies(*many_narrow, allowed)
+    assert not kernels.applies(*many_wide, allowed)
+    assert not kernels.applies(*(x.bfloat16() for x in few_wide), allowed)
     wide_with_grad = few_wide[0].clone().requires_grad_()
-    assert not kernel.applies(wide_with_grad, *few_wide[1:], allowed)
+    assert not kernels.applies(wide_with_grad, *few_wide[1:], allowed)
     with torch.no_grad():
-        assert kernel.applies(wide_with_grad, *few_wide[1:], allowed)
+        assert kernels.applies(wide_with_grad, *few_wide[1:], allowed)
     narrow_with_grad = many_narrow[0].clone().requires_grad_()
-    assert kernel.applies(narrow_with_grad, *many_narrow[1:], allowed)
+    assert kernels.applies(narrow_with_grad, *many_narrow[1:], allowed)
 
 
 def projected_heads(B: int, T: int, h: int, d: int, dtype: torch.dtype, seed: int) -> tuple[Tensor, Tensor]:
@@ -94,7 +94,7 @@ def test_narrow_head_kernel_gives_the_explicit_paths_outputs_and_gradients(dtype
         allowed = allowed & torch.ones(T_q, T_k, dtype=torch.bool).tril()
     grad = torch.randn(3, 2, T_q, d_v, generator=torch.Generator().manual_seed(9), dtype=dtype)
     expected = explicit_attention(q, k, v, allowed)[0]
-    got = kernel.attention(q, k, v, allowed)
+    got = kernels.attention(q, k, v, allowed)
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
     assert got[2].eq(0).all()
@@ -114,7 +114,7 @@ def test_narrow_head_kernel_passes_torchs_numerical_gradient_check_in_float64():
 
     def attention(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
         heads = [x.view(2, 6, 2, 8).transpose(1, 2) for x in (a, b, c)]
-        return kernel.attention(*heads, allowed)
+        return kernels.attention(*heads, allowed)
 
     assert torch.autograd.gradcheck(attention, (xq, xk, xv))
 
@@ -122,7 +122,7 @@ def test_narrow_head_kernel_passes_torchs_numerical_gradient_check_in_float64():
 @needs_kernel
 def test_narrow_head_kernel_cannot_be_differentiated_twice_silently():
     (xq, q), (_, k), (_, v) = (projected_heads(2, 4, 2, 8, torch.float64, seed) for seed in range(3))
-    out = kernel.attention(q, k.detach(), v.detach(), torch.ones(1, 4, dtype=torch.bool))
+    out = kernels.attention(q, k.detach(), v.detach(), torch.ones(1, 4, dtype=torch.bool))
     (grad,) = torch.autograd.grad(out.square().sum(), xq, create_graph=True)
     with pytest.raises(RuntimeError, match="differentiate twice"):
         grad.sum().backward()
@@ -143,7 +143,7 @@ def test_narrow_head_kernel_stays_finite_where_masked_keys_or_padding_score_far_
     low = torch.full((1, 1, 3, 8), -2 * big / 8**0.5, dtype=dtype)  # every score -2 big, below the zeros of the padding
     for args in [(q, k, v, causal), (q[:, :, :3], low, low, torch.ones(1, 3, dtype=torch.bool))]:
         expected = explicit_attention(*args)[0]
-        got = kernel.attention(
+        got = kernels.attention(
             args[0].clone().requires_grad_(), *args[1:]
         ).detach()  # with a gradient: the narrow kernel
         assert got.isfinite().all()
@@ -167,9 +167,9 @@ def test_beam_search_finds_the_same_hypotheses_with_and_without_the_kernel():
 @pytest.fixture
 def fresh_build(monkeypatch):
     """compiled() forgets its result before and after the test, so that other tests see the real build."""
-    kernel.forget()
+    kernels.forget()
     yield monkeypatch
-    kernel.forget()
+    kernels.forget()
 
 
 def test_a_kernel_that_cannot_be_built_leaves_attention_on_torch_ops_and_says_so_in_one_line(
@@ -193,10 +193,10 @@ def test_a_kernel_that_cannot_be_built_leaves_attention_on_torch_ops_and_says_so
 def test_the_kernel_is_not_built_when_switched_off(fresh_build):
     import torch.utils.cpp_extension
 
-    fresh_build.setenv(kernel.SWITCH, "0")
+    fresh_build.setenv(kernels.SWITCH, "0")
     fresh_build.setattr(torch.utils.cpp_extension, "load", lambda **_: pytest.fail("built although switched off"))
-    assert kernel.compiled() is None
-    assert not kernel.applies(*qkv(2, 2, 1, 5, 8, 8, torch.float32), torch.ones(1, 5, dtype=torch.bool))
+    assert kernels.compiled() is None
+    assert not kernels.applies(*qkv(2, 2, 1, 5, 8, 8, torch.float32), torch.ones(1, 5, dtype=torch.bool))
 
 
 def test_without_building_no_build_starts_and_a_later_call_outside_the_block_still_builds(fresh_build, tmp_path):
@@ -205,23 +205,23 @@ def test_without_building_no_build_starts_and_a_later_call_outside_the_block_sti
     loads = []
     fresh_build.setattr(torch.utils.cpp_extension, "load", lambda **kwargs: loads.append(kwargs) or "built")
     fresh_build.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # an empty build folder: nothing on disk
-    with kernel.without_building():
-        assert kernel.compiled() is None
-        assert not kernel.applies(*qkv(2, 2, 1, 5, 8, 8, torch.float32), torch.ones(1, 5, dtype=torch.bool))
+    with kernels.without_building():
+        assert kernels.compiled() is None
+        assert not kernels.applies(*qkv(2, 2, 1, 5, 8, 8, torch.float32), torch.ones(1, 5, dtype=torch.bool))
     assert loads == []
-    assert kernel.compiled() == "built" and len(loads) == 1
+    assert kernels.compiled() == "built" and len(loads) == 1
 
 
 def test_without_building_a_build_already_on_disk_is_loaded(fresh_build, tmp_path):
     import torch.utils.cpp_extension
 
     fresh_build.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    folder = kernel.build_folder()
+    folder = kernels.build_folder()
     folder.mkdir(parents=True)
     (folder / f"{folder.name}.so").write_text("")  # newer than the sources: an up-to-date build
     fresh_build.setattr(torch.utils.cpp_extension, "load", lambda **kwargs: "loaded")
-    with kernel.without_building():
-        assert kernel.compiled() == "loaded"
+    with kernels.without_building():
+        assert kernels.compiled() == "loaded"
 
 
 def test_the_invariants_never_start_a_build(fresh_build, tmp_path):
@@ -239,7 +239,7 @@ def test_the_invariants_never_start_a_build(fresh_build, tmp_path):
 def test_kernel_refuses_mismatched_shapes_instead_of_reading_past_them():
     q, k, v = qkv(2, 2, 1, 5, 8, 8, torch.float32)
     with pytest.raises(RuntimeError, match="v does not match k"):
-        kernel.compiled().few_query_attention(q, k, v[:, :, :3], torch.ones(2, 2, 1, 5, dtype=torch.bool))
+        kernels.compiled().few_query_attention(q, k, v[:, :, :3], torch.ones(2, 2, 1, 5, dtype=torch.bool))
 
 
 @needs_kernel
@@ -251,15 +251,15 @@ def test_kernel_reorder_gives_each_row_its_source_rows_filled_positions_and_leav
     buffers = [torch.randn(6, 2, 10, 8) for _ in range(3)]
     before = [b.clone() for b in buffers]
     index = torch.tensor(index)
-    assert kernel.reorder_rows(buffers, index, filled=7)
+    assert kernels.reorder_rows(buffers, index, filled=7)
     for b, old in zip(buffers, before):
         assert torch.equal(b[:, :, :7], old[:, :, :7].index_select(0, index))
         assert torch.equal(b[:, :, 7:], old[:, :, 7:])  # past the filled positions nothing is written
 
 
 def test_reorder_without_the_kernel_leaves_the_rows_to_torch_ops(fresh_build):
-    fresh_build.setenv(kernel.SWITCH, "0")
-    assert not kernel.reorder_rows([torch.zeros(2, 1, 4, 8)], torch.tensor([1, 0]), filled=2)
+    fresh_build.setenv(kernels.SWITCH, "0")
+    assert not kernels.reorder_rows([torch.zeros(2, 1, 4, 8)], torch.tensor([1, 0]), filled=2)
 
 
 @needs_kernel
@@ -269,9 +269,9 @@ def test_beam_search_finds_the_same_hypotheses_with_the_kernel_switched_off(fres
     model = Transformer(cfg).eval()
     src = torch.randint(4, 60, (6, 7))
     with_kernel = beam_search(model, src, src.eq(PAD), beam=4, extra_len=15)
-    fresh_build.setenv(kernel.SWITCH, "0")
-    kernel.forget()
-    assert kernel.compiled() is None  # attention and the cache's reorder both through torch ops now
+    fresh_build.setenv(kernels.SWITCH, "0")
+    kernels.forget()
+    assert kernels.compiled() is None  # attention and the cache's reorder both through torch ops now
     assert beam_search(model, src, src.eq(PAD), beam=4, extra_len=15) == with_kernel
 
 
@@ -286,7 +286,7 @@ def test_a_query_whose_scores_are_not_finite_gets_nan_as_on_the_explicit_path_no
     else:
         k[0, 1, 5, 0] = float("nan")  # a padded position's key: a broken model's, not hidden by the mask
     expected, _ = explicit_attention(q, k, v, allowed)
-    got = kernel.attention(q.requires_grad_(training), k, v, allowed).detach()
+    got = kernels.attention(q.requires_grad_(training), k, v, allowed).detach()
     assert expected[0, 1].isnan().all() and got[0, 1].isnan().all()
     torch.testing.assert_close(got[1], expected[1], atol=1e-5, rtol=1e-5)  # the other rows are untouched
 
@@ -294,7 +294,7 @@ def test_a_query_whose_scores_are_not_finite_gets_nan_as_on_the_explicit_path_no
 def test_keys_broadcast_over_rows_or_heads_stay_on_torch_ops():
     q, k, v = qkv(2, 2, 1, 5, 8, 8, torch.float32)
     allowed = torch.ones(1, 5, dtype=torch.bool)
-    assert not kernel.applies(q, k[:1], v[:1], allowed)  # explicit_attention broadcasts them; the kernel does not
+    assert not kernels.applies(q, k[:1], v[:1], allowed)  # explicit_attention broadcasts them; the kernel does not
     out, _ = attend(q, k[:1], v[:1], allowed, need_weights=False)
     torch.testing.assert_close(out, explicit_attention(q, k[:1].expand_as(k), v[:1].expand_as(v), allowed)[0])
 
@@ -304,25 +304,25 @@ def test_a_reorder_with_a_bad_buffer_changes_no_buffer():
     good = torch.randn(4, 2, 6, 8)
     before = good.clone()
     with pytest.raises(RuntimeError, match="buffers must be"):
-        kernel.reorder_rows([good, torch.randn(3, 2, 6, 8)], torch.tensor([1, 0, 2, 3]), filled=4)
+        kernels.reorder_rows([good, torch.randn(3, 2, 6, 8)], torch.tensor([1, 0, 2, 3]), filled=4)
     assert torch.equal(good, before)
 
 
 def test_a_build_lock_left_by_a_stopped_build_is_cleared_once_no_build_could_take_so_long(tmp_path):
     lock = tmp_path / "lock"
     lock.touch()
-    old = time.time() - kernel.STALE_LOCK_S - 1
+    old = time.time() - kernels.STALE_LOCK_S - 1
     os.utime(lock, (old, old))
-    kernel.wait_for_other_build(lock)  # returns at once: torch's own wait on this file would never end
+    kernels.wait_for_other_build(lock)  # returns at once: torch's own wait on this file would never end
     assert not lock.exists()
-    kernel.wait_for_other_build(tmp_path / "no-lock")  # no build running: nothing to wait for
+    kernels.wait_for_other_build(tmp_path / "no-lock")  # no build running: nothing to wait for
 
 
 def test_a_failed_build_is_reported_by_the_compilers_error_line():
     message = (
-        "Error building extension 'x'\n[1/2] c++ -MMD -c attention_kernel.cpp\n"
-        "attention_kernel.cpp:9:3: error: 'foo' was not declared"
+        "Error building extension 'x'\n[1/2] c++ -MMD -c attention.cpp\n"
+        "attention.cpp:9:3: error: 'foo' was not declared"
     )
-    assert kernel.failure_line(RuntimeError(message)) == "attention_kernel.cpp:9:3: error: 'foo' was not declared"
+    assert kernels.failure_line(RuntimeError(message)) == "attention.cpp:9:3: error: 'foo' was not declared"
     no_ninja = "Ninja is required to load C++ extensions"
-    assert kernel.failure_line(RuntimeError(no_ninja)) == no_ninja
+    assert kernels.failure_line(RuntimeError(no_ninja)) == no_ninja

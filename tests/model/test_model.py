@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import Transformer, TransformerConfig, kernel
+from model import Transformer, TransformerConfig, kernels
 from model.attention import attend, explicit_attention, explicit_is_faster
 from model.objective import label_smoothed_loss, label_smoothed_loss_by_torch_ops
 from model.transformer import causal_mask, key_padding_allowed
@@ -87,7 +87,7 @@ def with_and_without_the_loss_kernel(test):
     kernel_built = pytest.param(
         label_smoothed_loss,
         marks=pytest.mark.skipif(
-            not kernel.takes_loss(torch.zeros(1)), reason="the kernels cannot be built here (see stderr)"
+            not kernels.takes_loss(torch.zeros(1)), reason="the kernels cannot be built here (see stderr)"
         ),
         id="kernel",
     )

@@ -14,10 +14,10 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from ablations import attention_data
-from ablations.bpe import EOS, shared_bpe
-from ablations.data import Pairs
-from ablations.train import TrainState, make_optimizer, save_checkpoint
+from ablations.data.bpe import EOS, shared_bpe
+from ablations.data.corpora import Pairs
+from ablations.studies import attention_data
+from ablations.training.train import TrainState, make_optimizer, save_checkpoint
 from model import ModelSpec, TransformerConfig, load_model
 from reports import attention
 from reports.inputs import MissingInput

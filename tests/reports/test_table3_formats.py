@@ -10,11 +10,10 @@ from html.parser import HTMLParser
 import pandas as pd
 import pytest
 
-from ablations.health import Baseline
+from ablations.grid.health import Baseline
 from model.table3 import paper_architecture_params, table3_rows
 from reports import table3, table3_formats, table3_text
 from tests.reports.table3_fixture import PAPER, SE, SMOKE_VOCAB, STEPS
-
 
 PAPER_COLUMNS = ["N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "ε_ls", "train steps"]
 

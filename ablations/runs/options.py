@@ -15,11 +15,10 @@ from pathlib import Path
 
 import torch
 
-from ablations.budgets import BUDGETS, INIT_RULES, Budget, budget, row_config, select_rows
-from ablations.data import ENV_VAR, PRESETS, DataError, data_dir
-from model import SpecError, count_parameters, load_model
+from ablations.data.corpora import ENV_VAR, PRESETS, DataError, data_dir
+from ablations.runs.budgets import BUDGETS, INIT_RULES, Budget, budget, row_config, select_rows
+from model import SpecError, count_parameters, files, load_model
 from model.config import field_names
-from model import files
 from model.files import StorageError
 from model.registry import ModelSpec, default_spec, lookup, parse_spec
 from model.table3 import Table3Row

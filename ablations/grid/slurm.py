@@ -13,7 +13,7 @@ import submitit
 import torch
 
 from ablations.__main__ import main as runner_main
-from ablations.jobs import Job
+from ablations.runs.jobs import Job
 
 
 class RunJob(submitit.helpers.Checkpointable):

@@ -1,4 +1,4 @@
-"""The reference's CPU kernels (model/*_kernel.cpp), compiled on first use: attention for a decoding step's few
+"""The reference's CPU kernels (the .cpp files beside this one), compiled on first use: attention for a decoding step's few
 queries and for heads up to 8 wide, beam search's cache reorder, and the label-smoothed loss.
 
 torch's batched matmul and softmax are slow on the CPU for such small products; each kernel computes what its torch-ops
@@ -23,7 +23,7 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
-SOURCES = [Path(__file__).with_name(f"{name}_kernel.cpp") for name in ("attention", "narrow", "reorder", "loss")]
+SOURCES = [Path(__file__).with_name(f"{name}.cpp") for name in ("attention", "narrow", "reorder", "loss")]
 HEADER = Path(__file__).with_name("kernels.h")
 SWITCH = "AIAYN_ATTENTION_KERNEL"  # "0": never build or use the kernels
 MAX_QUERIES = 8  # per row and head: a decoding step of beam search with up to 8 beams

@@ -1,4 +1,4 @@
-"""One run of a fanned-out grid as a job: shared by the local fan-out (ablations.fanout) and SLURM (ablations.slurm)."""
+"""One run of a fanned-out grid as a job: shared by the local fan-out (ablations.grid.fanout) and SLURM (ablations.grid.slurm)."""
 
 from __future__ import annotations
 

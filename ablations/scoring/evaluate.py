@@ -16,8 +16,8 @@ import torch
 from sacrebleu.metrics import BLEU
 from tqdm.auto import tqdm
 
-from ablations.batching import bucketed_batches, make_batch
-from ablations.decoding import translate
+from ablations.data.batching import bucketed_batches, make_batch
+from ablations.scoring.decoding import translate
 from model.objective import label_smoothed_loss
 from model.protocol import Seq2SeqModel
 

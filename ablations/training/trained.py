@@ -1,6 +1,6 @@
 """A trained model rebuilt from its run folder: the model its config.json names, its weights, and its BPE.
 
-What the attention figure draws and `python -m ablations.dropout_gap` scores. The weights are the run's model.pt
+What the attention figure draws and `python -m ablations.studies.dropout_gap` scores. The weights are the run's model.pt
 (a state_dict) or else the runner's checkpoint.pt; the BPE model (sentencepiece) is found by its cache name in the run
 folder or in the folders given (the budget folder, the runner's cache/).
 """
@@ -13,9 +13,9 @@ from pathlib import Path
 import sentencepiece as spm
 import torch
 
-from ablations import runs as R
-from ablations.bpe import bpe_file
-from ablations.train import CorruptCheckpoint, read_checkpoint
+from ablations.data.bpe import bpe_file
+from ablations.runs import folder as R
+from ablations.training.train import CorruptCheckpoint, read_checkpoint
 from model import Seq2SeqModel, SpecError, TransformerConfig, load_model, parse_spec
 from model.files import shown_path
 

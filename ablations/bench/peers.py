@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ablations.bpe import EOS, PAD
+from ablations.data.bpe import EOS, PAD
 from model import ModelSpec, TransformerConfig, load_model
 
 MISSING = "skipped: pip install .[bench]"

@@ -1,4 +1,4 @@
-"""`python -m ablations.dropout_gap RUN_DIR...`: a run's dev perplexity with dropout off, as runs are scored, and on;
+"""`python -m ablations.studies.dropout_gap RUN_DIR...`: a run's dev perplexity with dropout off, as runs are scored, and on;
 with --layers, where between the two modes the model's representations part, residual sublayer by sublayer.
 
 A post-LN model that has not left the unigram plateau can come to depend on dropout's noise: trained with it, its
@@ -17,15 +17,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ablations import runs as R
-from ablations.batching import make_batch
-from ablations.bpe import encode
-from ablations.budgets import as_recorded, budget
-from ablations.data import data_dir, preset_named, read_pairs
-from ablations.evaluate import perplexity
-from ablations.options import check_counts, failed
-from ablations.stopping import stops_cleanly
-from ablations.trained import load_trained
+from ablations.data.batching import make_batch
+from ablations.data.bpe import encode
+from ablations.data.corpora import data_dir, preset_named, read_pairs
+from ablations.runs import folder as R
+from ablations.runs.budgets import as_recorded, budget
+from ablations.runs.options import check_counts, failed
+from ablations.scoring.evaluate import perplexity
+from ablations.training.stopping import stops_cleanly
+from ablations.training.trained import load_trained
 from model.layers import Residual
 from model.protocol import Seq2SeqModel
 
@@ -34,7 +34,7 @@ LAYER_PAIRS = 100  # sentences for --layers, one at a time (no padding to mask o
 
 @stops_cleanly("the rows above are the runs scored before the stop")
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ablations.dropout_gap", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ablations.studies.dropout_gap", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (<runs>/<budget>/<row>-s<seed>-<hash>)")
     parser.add_argument("--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)")
     parser.add_argument(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ablations.bench_variants import UNDONE
+from ablations.bench.variants import UNDONE
 from invariants.report import writable_folder
 from model.provenance import cpu_name, git_commit
 
@@ -59,7 +59,7 @@ def markdown(meta: dict, training: list[dict], decoding: list[dict], skipped: li
         f"torch {meta['torch']}, commit {meta['commit']}, {meta['date']}. Load average (1 min) {meta['load_before']:.1f} at the "
         f"start and {meta['load_after']:.1f} at the end on {meta['cores']} cores. Every figure is the median of repetitions "
         f"interleaved across systems. {CLOCK_NOTES[meta['clock']]} The reference's decoding kernels "
-        f"(model/kernel.py): {meta['attention_kernel']}.",
+        f"(model/kernels/): {meta['attention_kernel']}.",
         "",
         f"Training: {', '.join(f'{meta[k]} ({k[6:]})' for k in meta if k.startswith('steps_'))} timed steps after {meta['warmup']} warm-up step(s), the same {meta['preset']} training "
         f"batches of about {meta['batch_tokens']} source and target positions for every system (the first of the stream "

@@ -18,17 +18,17 @@ import sentencepiece as spm
 import torch
 from tqdm.auto import tqdm
 
-from ablations import runs as R
-from ablations.batching import BatchStream
-from ablations.bpe import bpe_key, encode, shared_bpe
-from ablations.budgets import Budget, row_config, settings_for
-from ablations.data import PRESETS, load_corpus
-from ablations.distributed import SINGLE, Ranks, from_main
-from ablations.evaluate import dev_bleu, perplexity
-from ablations.options import RunOptions
-from ablations.outcomes import outcome_line
-from ablations.throughput import gemm_flops, throughput
-from ablations.train import Diverged, train
+from ablations.data.batching import BatchStream
+from ablations.data.bpe import bpe_key, encode, shared_bpe
+from ablations.data.corpora import PRESETS, load_corpus
+from ablations.runs import folder as R
+from ablations.runs.budgets import Budget, row_config, settings_for
+from ablations.runs.options import RunOptions
+from ablations.runs.outcomes import outcome_line
+from ablations.scoring.evaluate import dev_bleu, perplexity
+from ablations.training.distributed import SINGLE, Ranks, from_main
+from ablations.training.throughput import gemm_flops, throughput
+from ablations.training.train import Diverged, train
 from model import ModelSpec, count_parameters, load_model
 from model.files import StorageError, write_atomic
 from model.params import training_flops

@@ -16,7 +16,7 @@ from pathlib import Path
 import sentencepiece as spm
 from tqdm.auto import tqdm
 
-from ablations.data import DataError, Pairs
+from ablations.data.corpora import DataError, Pairs
 from model.files import StorageError, write_atomic
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3

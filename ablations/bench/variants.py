@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ablations import peers
+from ablations.bench import peers
 from model import Parts, Transformer, TransformerConfig, load_model
 from model.attention import KVCache, attend_with_torch_ops, explicit_attention
 from model.objective import label_smoothed_loss_by_torch_ops

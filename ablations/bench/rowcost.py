@@ -1,6 +1,6 @@
 """What a grid costs before it runs: seconds per training step of every Table 3 row under a budget, relative to base.
 
-    python -m ablations.rowcost --budget cpu     # 1 thread, random batches of the budget's size, 20 timed steps
+    python -m ablations.bench.rowcost --budget cpu     # 1 thread, random batches of the budget's size, 20 timed steps
 
 Multiply by the budget's steps and base's measured step time to plan a grid (README, "The cpu budget").
 """
@@ -14,9 +14,9 @@ import time
 
 import torch
 
-from ablations.batching import BatchStream
-from ablations.budgets import BUDGETS, budget, row_config, select_rows
-from ablations.train import make_optimizer, train_step
+from ablations.data.batching import BatchStream
+from ablations.runs.budgets import BUDGETS, budget, row_config, select_rows
+from ablations.training.train import make_optimizer, train_step
 from model import load_model
 from model.registry import ModelSpec
 
@@ -33,7 +33,7 @@ def step_seconds(spec: ModelSpec, batches: list, warmup: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ablations.rowcost", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m ablations.bench.rowcost", description=__doc__.splitlines()[0])
     p.add_argument("--budget", default="cpu", choices=list(BUDGETS))
     p.add_argument("--rows", default="all")
     p.add_argument("--steps", type=int, default=20, help="timed steps per row (default 20, after 5 untimed)")

@@ -7,7 +7,7 @@ A checkpoint holds the model, the optimizer, the step, the RNG states and the ba
 position, so that a run resumed from it continues exactly as if it had never stopped (on CPU).
 Each checkpoint file starts with a SHA-256 of its contents and the previous one is kept beside it,
 so a checkpoint cut short or corrupted is detected and the run resumes from the one before.
-With `ranks` from ablations.distributed, the same loop trains data-parallel under torchrun.
+With `ranks` from ablations.training.distributed, the same loop trains data-parallel under torchrun.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ablations.batching import BatchStream
-from ablations import stopping
-from ablations.budgets import ADAM_BETAS, ADAM_EPS
-from ablations.distributed import SINGLE, Ranks, first_signal, shard, step_seed, sum_over_ranks, wrap
-from ablations.evaluate import perplexity
-from ablations.runs import CHECKPOINT, Run, append_metrics, previous_checkpoint, set_aside, truncate_metrics
+from ablations.data.batching import BatchStream
+from ablations.runs.budgets import ADAM_BETAS, ADAM_EPS
+from ablations.runs.folder import CHECKPOINT, Run, append_metrics, previous_checkpoint, set_aside, truncate_metrics
+from ablations.scoring.evaluate import perplexity
+from ablations.training import stopping
+from ablations.training.distributed import SINGLE, Ranks, first_signal, shard, step_seed, sum_over_ranks, wrap
 from model.batch import Batch
 from model.files import replace, temporary, write_file
 from model.objective import learning_rate

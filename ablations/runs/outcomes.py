@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from ablations import runs as R
+from ablations.runs import folder as R
 
 
 def duration(seconds: float | None) -> str:

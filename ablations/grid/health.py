@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from model.files import write_atomic
 
 if TYPE_CHECKING:  # the reports read baselines without importing the training side
-    from ablations.grid import PreparedData
+    from ablations.grid.runner import PreparedData
 
 PUBLISHED = "baseline.json"  # beside a budget's results.csv
 

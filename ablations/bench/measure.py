@@ -20,20 +20,20 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from ablations import peers
-from ablations.batching import BatchStream
-from ablations.bench_report import machine, markdown, output_path, shown_args
-from ablations.bench_variants import UNDONE, VARIANTS, FullReorderCache, StridedCrossCache, TorchOpsReorderCache
-from ablations.bpe import EOS, PAD
-from ablations.budgets import ADAM_BETAS, ADAM_EPS, budget, scale
-from ablations.data import data_dir
-from ablations.decoding import beam_search
-from ablations.grid import prepare_data
-from ablations.options import check_counts, failed
-from ablations.stopping import stops_cleanly
-from ablations.throughput import choose_threads, gemm_flops, throughput
-from ablations.train import make_optimizer, train_step
-from model import Parts, Transformer, TransformerConfig, count_parameters, kernel
+from ablations.bench import peers
+from ablations.bench.report import machine, markdown, output_path, shown_args
+from ablations.bench.variants import UNDONE, VARIANTS, FullReorderCache, StridedCrossCache, TorchOpsReorderCache
+from ablations.data.batching import BatchStream
+from ablations.data.bpe import EOS, PAD
+from ablations.data.corpora import data_dir
+from ablations.grid.runner import prepare_data
+from ablations.runs.budgets import ADAM_BETAS, ADAM_EPS, budget, scale
+from ablations.runs.options import check_counts, failed
+from ablations.scoring.decoding import beam_search
+from ablations.training.stopping import stops_cleanly
+from ablations.training.throughput import choose_threads, gemm_flops, throughput
+from ablations.training.train import make_optimizer, train_step
+from model import Parts, Transformer, TransformerConfig, count_parameters, kernels
 from model.attention import attend_with_torch_ops
 from model.batch import Batch
 from model.files import write_atomic
@@ -273,10 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         }
     except ValueError as exc:  # a bad flag value, DataError, a bad --config or --sizes
         return failed(exc)
-    built = kernel.compiled() is not None  # built now (on first use), so that no timed search includes the build
+    built = kernels.compiled() is not None  # built now (on first use), so that no timed search includes the build
     meta = {
         **machine(),
-        "attention_kernel": "in use" if built else f"not built (torch ops; see stderr, or {kernel.SWITCH})",
+        "attention_kernel": "in use" if built else f"not built (torch ops; see stderr, or {kernels.SWITCH})",
         "load_before": os.getloadavg()[0],
         "clock": args.clock,
         "preset": args.preset,
@@ -318,7 +318,3 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(out.read_text())
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,13 +1,13 @@
-"""`python -m ablations.compare`: train Table 3 rows with several model specs, init rules and schedules on the same batches.
+"""`python -m ablations.studies.compare`: train Table 3 rows with several model specs, init rules and schedules on the same batches.
 
 A cross-check of training itself: every entry (a spec @ an init rule, under one learning-rate schedule) trains through
 the grid runner with the same data, batches and seed, so that two correct implementations of one row should trace the
 same dev-PPL curve, and a pilot over schedules sees every row under each. Writes a table of dev PPL by step (BLEU at the
 end, and which runs ended on the unigram plateau or collapsed) and one figure of the curves.
 
-    python -m ablations.compare --rows base,C1,C3 --steps 1000 \\
+    python -m ablations.studies.compare --rows base,C1,C3 --steps 1000 \\
         --models reference@xavier reference@paper-width reference@normal hf-marian@normal torch-nn@xavier
-    python -m ablations.compare --rows base,C1,C3,C5,D2,B1,E1,big --models reference@normal \\
+    python -m ablations.studies.compare --rows base,C1,C3,C5,D2,B1,E1,big --models reference@normal \\
         --schedules 3e-3/500 1e-3/500 --steps 2000 --out reports/compare/pilot
 """
 
@@ -30,12 +30,13 @@ import torch  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import LogFormatter, ScalarFormatter  # noqa: E402
 
-from ablations import health, options  # noqa: E402
-from ablations import runs as R  # noqa: E402
-from ablations.budgets import BUDGETS, INIT_RULES, Budget, select_rows  # noqa: E402
-from ablations.data import data_dir  # noqa: E402
-from ablations.grid import Grid, PreparedData, plan_run, prepare_data, run_grid  # noqa: E402
-from ablations.stopping import Stopped, graceful_stops  # noqa: E402
+from ablations.data.corpora import data_dir  # noqa: E402
+from ablations.grid import health  # noqa: E402
+from ablations.grid.runner import Grid, PreparedData, plan_run, prepare_data, run_grid  # noqa: E402
+from ablations.runs import folder as R  # noqa: E402
+from ablations.runs import options  # noqa: E402
+from ablations.runs.budgets import BUDGETS, INIT_RULES, Budget, select_rows  # noqa: E402
+from ablations.training.stopping import Stopped, graceful_stops  # noqa: E402
 from model.files import write_atomic  # noqa: E402
 from model.provenance import git_commit, machine_line  # noqa: E402
 from model.registry import ModelSpec, parse_spec  # noqa: E402
@@ -229,7 +230,7 @@ def write_report(
 
 
 def parser() -> argparse.ArgumentParser:
-    p = options.OneLineParser(prog="python -m ablations.compare", description=__doc__.split("\n")[0])
+    p = options.OneLineParser(prog="python -m ablations.studies.compare", description=__doc__.split("\n")[0])
     p.add_argument(
         "--models",
         nargs="+",
@@ -272,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         options.check_runs_folder(runs)
         for entry in entries:
             options.check_model(entry.spec, entry.budget(budget), budget.preset)
-        torch.set_num_threads(1)  # the scaled rows train fastest on one thread a process (ablations/throughput.py)
+        torch.set_num_threads(
+            1
+        )  # the scaled rows train fastest on one thread a process (ablations/training/throughput.py)
         grids = [Grid(e.budget(budget), rows, seeds, e.spec, runs, torch.device("cpu")) for e in entries]
         with graceful_stops():
             try:
@@ -282,11 +285,11 @@ def main(argv: list[str] | None = None) -> int:
                     run_grid(grid, data)
             except Stopped as stop:
                 print(
-                    f"{stop}; finished runs are kept; resume with: python -m ablations.compare {' '.join(argv)}",
+                    f"{stop}; finished runs are kept; resume with: python -m ablations.studies.compare {' '.join(argv)}",
                     file=sys.stderr,
                 )
                 return stop.exit_status
-        command = "python -m ablations.compare " + " ".join(a for a in argv if a != "--report-only")
+        command = "python -m ablations.studies.compare " + " ".join(a for a in argv if a != "--report-only")
         write_report(curves(entries, grids, data), Path(args.out), budget, command, data, bool(args.schedules))
     except options.FORESEEN as exc:
         return options.failed(exc)

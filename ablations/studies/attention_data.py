@@ -1,7 +1,7 @@
 """A trained model's encoder self-attention for one sentence, as data: what the report draws like the paper's
 Figures 3-5, and what `python -m ablations publish` saves beside a budget's results (the weights are not published).
 
-The model is the finished base run with the lowest seed that kept its weights (ablations/trained.py rebuilds it);
+The model is the finished base run with the lowest seed that kept its weights (ablations/training/trained.py rebuilds it);
 the probabilities come from the model protocol's `attention_probs()`, so any model that offers that capability can
 be drawn.
 """
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from ablations import runs as R
-from ablations.bpe import EOS
-from ablations.trained import WEIGHTS, NoTrainedModel, TrainedModel, has_weights, load_trained
+from ablations.data.bpe import EOS
+from ablations.runs import folder as R
+from ablations.training.trained import WEIGHTS, NoTrainedModel, TrainedModel, has_weights, load_trained
 from model.files import shown_path
 
 

@@ -12,7 +12,7 @@ import random
 import torch
 from torch import Tensor
 
-from ablations.bpe import BOS, EOS, PAD
+from ablations.data.bpe import BOS, EOS, PAD
 from model.batch import Batch
 
 

@@ -30,7 +30,7 @@ from typing import Iterator
 
 import pandas as pd
 
-from ablations.budgets import TrainSettings
+from ablations.runs.budgets import TrainSettings
 from model.config import TransformerConfig
 from model.files import StorageError, replace, write_atomic
 

@@ -1,8 +1,8 @@
 """Fan a grid's runs out: one run per GPU of this machine, or one SLURM job per run through submitit.
 
-    python -m ablations.fanout --gpus 0,1,2,3 --budget short --rows all      # one run per GPU at a time
-    python -m ablations.fanout --workers 2 --device cpu --budget smoke       # plain CPU processes
-    python -m ablations.fanout --slurm --partition gpu --budget short        # one SLURM job per run (pip install '.[slurm]')
+    python -m ablations.grid.fanout --gpus 0,1,2,3 --budget short --rows all      # one run per GPU at a time
+    python -m ablations.grid.fanout --workers 2 --device cpu --budget smoke       # plain CPU processes
+    python -m ablations.grid.fanout --slurm --partition gpu --budget short        # one SLURM job per run (pip install '.[slurm]')
 
 There is no scheduler here. Each run is an ordinary `python -m ablations run --rows ROW --seeds SEED ...`
 and the runs folder stays the single source of truth: a run already finished is skipped, one cut short
@@ -23,17 +23,16 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 
-import torch
-
-from ablations import options
-from ablations.grid import Grid, PreparedData, plan_run, prepare_data
-from ablations.jobs import Job
-from ablations.options import RunOptions
-from ablations.outcomes import summary as grid_summary
-from ablations.runs import read_final, status
-from ablations.stopping import Stopped, graceful_stops
+from ablations.grid.runner import Grid, PreparedData, plan_run, prepare_data
+from ablations.runs import options
+from ablations.runs.folder import read_final, status
+from ablations.runs.jobs import Job
+from ablations.runs.options import RunOptions
+from ablations.runs.outcomes import summary as grid_summary
+from ablations.training.stopping import Stopped, graceful_stops
 
 NARROWED = ("--rows", "--seeds")  # the fan-out sets these itself, once per run
 
@@ -158,7 +157,7 @@ def summary(
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(
-        prog="python -m ablations.fanout",
+        prog="python -m ablations.grid.fanout",
         description=__doc__.split("\n")[0],
         epilog="Any other option is passed to every `python -m ablations run`.",
     )
@@ -196,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                 codes = run_local(jobs, gpus or [None] * own.workers, log_dir)
         else:
             try:
-                from ablations.slurm import submit  # submitit is an optional extra
+                from ablations.grid.slurm import submit  # submitit is an optional extra
             except ModuleNotFoundError as exc:
                 raise ValueError(f"{exc.name} is not installed; install the extra: pip install -e '.[slurm]'") from None
             codes = submit(
@@ -215,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         return options.failed(exc)
     except Stopped as stop:  # passed on to the runs under way by run_local: each saved a checkpoint
         print(
-            f"{stop}; no new run is started, finished runs are kept; resume with: python -m ablations.fanout "
+            f"{stop}; no new run is started, finished runs are kept; resume with: python -m ablations.grid.fanout "
             f"{shlex.join(argv if argv is not None else sys.argv[1:])}",
             file=sys.stderr,
         )

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ablations.bpe import BOS, EOS, PAD
+from ablations.data.bpe import BOS, EOS, PAD
 from model.protocol import Seq2SeqModel
 
 
