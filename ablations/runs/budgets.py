@@ -18,6 +18,9 @@ SCALED_FIELDS = ("d_model", "d_ff", "d_k", "d_v")  # divided by Budget.scale; h 
 # How a row's weights start (model/init.py): Xavier at the row's own width, Xavier with the stds of the row at the
 # paper's width (a scaled row started as its full-size counterpart), or N(0, 0.02) at every width.
 INIT_RULES = ("xavier", "paper-width", "normal")
+# scaled_dot_product_attention's kernels a GPU run may be held to ('default': torch's choice); ablations/training/
+# backends.py applies them.
+SDPA_BACKENDS = ("default", "cudnn", "efficient", "flash", "math")
 
 
 @dataclass(frozen=True)
@@ -41,10 +44,14 @@ class Budget:
     checkpoint_every: int
     compile: bool  # torch.compile on a GPU (never on CPU)
     init: str = "xavier"  # one of INIT_RULES
+    pad_multiple: int = 1  # each batch's lengths padded to a multiple of this (8 on a GPU: few distinct shapes)
+    sdpa_backend: str = "efficient"  # scaled_dot_product_attention's kernel on a GPU (ablations/training/backends.py)
 
     def __post_init__(self) -> None:
         if self.init not in INIT_RULES:
             raise ValueError(f"init rule {self.init!r}: give one of {', '.join(INIT_RULES)}")
+        if self.sdpa_backend not in SDPA_BACKENDS:
+            raise ValueError(f"attention backend {self.sdpa_backend!r}: give one of {', '.join(SDPA_BACKENDS)}")
 
     @property
     def scaled(self) -> bool:
@@ -122,6 +129,7 @@ BUDGETS: dict[str, Budget] = {
         eval_every=250,
         checkpoint_every=250,
         compile=True,
+        pad_multiple=8,
     ),
     # The paper's recipe: 100K steps (big 300K) of 25000-token batches, warmup 4000, newstest2013 as dev.
     "paper": Budget(
@@ -141,6 +149,7 @@ BUDGETS: dict[str, Budget] = {
         eval_every=5000,
         checkpoint_every=1000,
         compile=True,
+        pad_multiple=8,
     ),
 }
 
@@ -215,6 +224,8 @@ class TrainSettings:
     checkpoint_every: int
     precision: str  # 'fp32' or 'bf16' (autocast; GPU only)
     compile: bool  # torch.compile (GPU only)
+    pad_multiple: int = 1  # batch lengths padded to a multiple of this
+    sdpa_backend: str = "default"  # scaled_dot_product_attention's kernel (GPU only; 'default': torch's choice)
     beam: int = 4
     alpha: float = 0.6
     extra_len: int = 50  # maximum output length = source length + extra_len
@@ -231,7 +242,10 @@ class TrainSettings:
         return torch.bfloat16 if self.precision == "bf16" else None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The settings as config.json records them; the GPU-only fields only where set, so that a CPU run's record
+        (and the hash that names its folder) is what it was before they existed."""
+        unset = {"pad_multiple": 1, "sdpa_backend": "default"}
+        return {k: v for k, v in asdict(self).items() if k not in unset or unset[k] != v}
 
 
 def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: int | None = None) -> TrainSettings:
@@ -249,6 +263,8 @@ def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: 
         checkpoint_every=b.checkpoint_every,
         precision="bf16" if gpu else "fp32",
         compile=b.compile and gpu,
+        pad_multiple=b.pad_multiple,
+        sdpa_backend=b.sdpa_backend if gpu else "default",
     )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ablations.data.corpora import ENV_VAR, PRESETS, DataError, data_dir
-from ablations.runs.budgets import BUDGETS, INIT_RULES, Budget, budget, row_config, select_rows
+from ablations.runs.budgets import BUDGETS, INIT_RULES, SDPA_BACKENDS, Budget, budget, row_config, select_rows
 from model import SpecError, count_parameters, files, load_model
 from model.config import field_names
 from model.files import StorageError
@@ -104,9 +104,15 @@ def budget_with(
     dev_pairs: int | None = None,
     lr_peak: float | None = None,
     init: str | None = None,
+    compile: bool | None = None,
+    sdpa_backend: str | None = None,
 ) -> Budget:
     """The named budget with the command line's overrides, where given."""
     b = budget(name)
+    if compile is not None:
+        b = b.replace(compile=compile)
+    if sdpa_backend is not None:
+        b = b.replace(sdpa_backend=sdpa_backend)
     if steps is not None:
         b = b.replace(steps=steps)
     if warmup is not None:
@@ -179,13 +185,18 @@ def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
         ("--max-attempts", args.max_attempts),
         ("--threads", args.threads),
     )
-    b = budget_with(args.budget, args.steps, args.warmup, args.dev_pairs, args.lr_peak, args.init)
+    b = budget_with(
+        args.budget, args.steps, args.warmup, args.dev_pairs, args.lr_peak, args.init, args.compile, args.sdpa_backend
+    )
     if args.accumulation is not None and args.accumulation > b.batch_tokens:
         raise ValueError(
             f"--accumulation {args.accumulation}: at most the budget's {b.batch_tokens} tokens per step "
             f"(each micro-batch holds {b.batch_tokens} / accumulation tokens)"
         )
     rows, seeds, device = select_rows(args.rows), parse_seeds(args.seeds), resolve_device(args.device)
+    if device.type == "cpu" and (args.compile or args.sdpa_backend not in (None, "default")):
+        flag = "--compile" if args.compile else f"--sdpa-backend {args.sdpa_backend}"
+        raise ValueError(f"{flag}: used on a GPU only (the CPU runs eager, in fp32); leave it out with --device cpu")
     data, runs, preset = data_dir(args.data), Path(args.runs), args.preset or b.preset
     check_runs_folder(runs)
     spec = parse_spec(args.model)
@@ -278,6 +289,17 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument(
         "--accumulation", type=int, action="once", help="micro-batches per step (same tokens per step, less memory)"
+    )
+    run.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        help="torch.compile the model on a GPU (default: the budget's, on for short and paper)",
+    )
+    run.add_argument(
+        "--sdpa-backend",
+        choices=SDPA_BACKENDS,
+        action="once",
+        help="the attention kernel on a GPU (default: efficient; 'default' lets torch choose)",
     )
     run.add_argument(
         "--max-attempts", type=int, default=3, action="once", help="failed runs are retried until this many attempts"

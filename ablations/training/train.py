@@ -16,9 +16,9 @@ import hashlib
 import io
 import math
 import sys
-import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
+from dataclasses import replace as replace_fields
 from pathlib import Path
 from typing import Callable
 
@@ -31,6 +31,8 @@ from ablations.runs.budgets import ADAM_BETAS, ADAM_EPS
 from ablations.runs.folder import CHECKPOINT, Run, append_metrics, previous_checkpoint, set_aside, truncate_metrics
 from ablations.scoring.evaluate import perplexity
 from ablations.training import stopping
+from ablations.training.clock import Laps, StepClock
+from ablations.training.compiling import compile_model, compiles
 from ablations.training.distributed import SINGLE, Ranks, first_signal, shard, step_seed, sum_over_ranks, wrap
 from model.batch import Batch
 from model.files import replace, temporary, write_file
@@ -45,7 +47,9 @@ class TrainState:
 
     step: int = 0
     tokens_seen: int = 0  # non-pad source + target tokens trained on
-    wall_s: float = 0.0  # seconds spent in training steps, summed over every resumption
+    wall_s: float = 0.0  # seconds spent in training steps, summed over every resumption (compiling included)
+    compile_s: float = 0.0  # of which in steps where torch.compile compiled a graph
+    compiles: int = 0  # graphs torch.compile compiled
     epoch: int = 0  # the batch stream's position
     index: int = 0
 
@@ -73,8 +77,9 @@ def train_step(
     autocast: torch.dtype | None = None,
     step_tokens: int | None = None,
     ranks: Ranks = SINGLE,
-) -> float:
-    """One optimizer step; returns the training loss per target token over all micro-batches.
+) -> Tensor:
+    """One optimizer step; returns the training loss per target token over all micro-batches, as a 0-d tensor on the
+    device: reading it (float(), .item()) waits for the GPU, so the loop reads it at logging steps only.
 
     Each micro-batch's mean loss is weighted by its share of the step's target tokens, so the gradient
     is the same as that of one batch holding them all. Data-parallel, micro_batches are this rank's
@@ -96,7 +101,7 @@ def train_step(
             (loss * (b.tgt_tokens * ranks.world / total)).backward()
         loss_sum += loss.detach() * b.tgt_tokens
     optimizer.step()
-    return sum_over_ranks(loss_sum, ranks).item() / total
+    return sum_over_ranks(loss_sum, ranks) / total
 
 
 class CorruptCheckpoint(ValueError):
@@ -202,6 +207,15 @@ def resume(
     return TrainState()
 
 
+def timed(state: TrainState, laps: Laps, window: Laps) -> TrainState:
+    """The progress with the step times just read added to its clock, and to the window being logged."""
+    window.add(laps)
+    compiling = sum(laps.compiling)
+    return replace_fields(
+        state, wall_s=state.wall_s + sum(laps.steps) + compiling, compile_s=state.compile_s + compiling
+    )
+
+
 def train(
     model: nn.Module,
     run: Run,
@@ -224,7 +238,7 @@ def train(
         truncate_metrics(run_dir, state.step)
     stream.seek(state.epoch, state.index)
     forward = wrap(model, ranks, device)
-    forward = torch.compile(forward) if settings.compile and device.type == "cuda" else forward
+    forward = compile_model(forward) if settings.compile else forward
     vocab = model.config.vocab_size
     bar = tqdm(
         total=settings.steps,
@@ -236,16 +250,16 @@ def train(
         disable=not ranks.main,
     )
     try:  # the bar is closed however the loop ends (divergence, a stop, a full disk)
-        window_tokens, window_s = 0, 0.0
+        window, window_tokens, clock = Laps(), 0, StepClock(device)
         model.train()
         while state.step < settings.steps:
             with stopping.step():  # a stop signal lets the step finish: a checkpoint of it continues the run exactly
-                started = time.perf_counter()
                 micro = [stream.next() for _ in range(settings.accumulation)]
                 if ranks.parallel:  # each rank its own dropout masks, the same ones again after a resume
                     torch.manual_seed(step_seed(stream.seed, state.step, ranks.rank))
                 lr = learning_rate(state.step + 1, model.config.d_model, settings.warmup, settings.lr_peak)
-                loss = train_step(
+                graphs = compiles()
+                step_loss = train_step(
                     forward,
                     model.loss,
                     optimizer,
@@ -255,40 +269,39 @@ def train(
                     sum(b.tgt_tokens for b in micro),
                     ranks,
                 )
-                elapsed = time.perf_counter() - started
+                clock.lap(compiled=compiles() > graphs)
+                state.compiles += compiles() - graphs
                 tokens = sum(b.src_tokens + b.tgt_tokens for b in micro)
-                state.step, state.tokens_seen, state.wall_s = (
-                    state.step + 1,
-                    state.tokens_seen + tokens,
-                    state.wall_s + elapsed,
-                )
+                state.step, state.tokens_seen = state.step + 1, state.tokens_seen + tokens
                 state.epoch, state.index = stream.epoch, stream.index
-                window_tokens, window_s = window_tokens + tokens, window_s + elapsed
+                window_tokens += tokens
+                logged = state.step % settings.log_every == 0 or state.step == settings.steps
+                saved = state.step % settings.checkpoint_every == 0 or state.step == settings.steps
+                # The loss and the step times are read back (a wait for the GPU) only where they are logged or saved.
+                loss = step_loss.item() if logged or saved else 0.0
+                if logged or saved:
+                    state = timed(state, clock.read(), window)
                 diverged = not math.isfinite(loss) or loss > DIVERGED_LOSS * math.log(vocab)
-                if ranks.main and (diverged or state.step % settings.log_every == 0 or state.step == settings.steps):
-                    record = {
-                        "step": state.step,
-                        "loss": loss,
-                        "lr": lr,
-                        "tokens_per_s": window_tokens / window_s,
-                        "time_s": state.wall_s,
-                    }
+                if ranks.main and (diverged or logged):
+                    record = {"step": state.step, "loss": loss, "lr": lr, **window.summary(window_tokens)}
+                    record["time_s"] = state.wall_s
                     if not diverged and (state.step % settings.eval_every == 0 or state.step == settings.steps):
                         record["dev_ppl"] = perplexity(
                             model, *dev, device, settings.micro_tokens, settings.autocast, progress=label
                         )
                         model.train()
+                        clock.restart()
                     append_metrics(run_dir, record)
-                    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{window_tokens / window_s:,.0f}")
-                    window_tokens, window_s = 0, 0.0
+                    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{record['tokens_per_s'] or 0:,.0f}")
+                    window, window_tokens = Laps(), 0
                 if diverged:
                     raise Diverged(state.step, loss)
-                saved = state.step % settings.checkpoint_every == 0 or state.step == settings.steps
                 if ranks.main and saved:
                     save_checkpoint(run_dir / CHECKPOINT, model, optimizer, state, run_id)
             signum = first_signal(stopping.requested(), ranks, device)  # every rank stops after the same step
             if signum:
                 if ranks.main and not saved:
+                    state = timed(state, clock.read(), window)
                     save_checkpoint(run_dir / CHECKPOINT, model, optimizer, state, run_id)
                 raise stopping.Stopped(signum, f"{label} at step {state.step}, checkpoint saved")
             bar.update(1)

@@ -68,7 +68,7 @@ def test_accumulated_micro_batches_give_the_loss_and_gradient_of_one_batch_holdi
     loss_split = train_step(
         split, split.loss, opt_split, [make_batch(src[:1], tgt[:1]), make_batch(src[1:], tgt[1:])], lr=1e-3
     )
-    assert loss_split == pytest.approx(loss_whole, rel=1e-12)
+    assert loss_split.item() == pytest.approx(loss_whole.item(), rel=1e-12)
     for a, b in zip(whole.parameters(), split.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-14)
 
@@ -86,7 +86,7 @@ def test_the_gpus_bf16_autocast_path_trains_and_scores_like_fp32_on_cpu():
     )
     # bf16 keeps 8 significant bits (relative rounding 2^-9 per operation); through one layer the loss (~3.5)
     # and the perplexity (~30) move by well under 3%, while a wrong path (no loss, logits in the wrong place) would not.
-    assert loss16 == pytest.approx(loss32, rel=3e-2)
+    assert loss16.item() == pytest.approx(loss32.item(), rel=3e-2)
     ppl32 = perplexity(fp32, src, tgt, cpu)
     assert perplexity(fp32, src, tgt, cpu, autocast=torch.bfloat16) == pytest.approx(ppl32, rel=3e-2)
     hyps = translate(fp32.eval(), src, cpu, extra_len=3, autocast=torch.bfloat16)
@@ -171,6 +171,7 @@ def test_a_finished_run_records_its_throughput_and_share_of_the_machines_gemm_ra
     directory, status = run_one(grid_of(runs / "rate", "reference"), select_rows("base")[0], 1, data)
     final = R.read_json(directory / R.FINAL)
     assert status == "finished" and final["tokens_per_s"] > 0
+    assert final["compiles"] == 0 and final["compile_s"] == 0.0  # eager on the CPU: nothing compiled
     assert 0 < final["gemm_fraction"] < 1  # model FLOPs per second over a measured fp32 GEMM rate on this CPU
 
 

@@ -1,0 +1,117 @@
+"""How many distinct batch shapes a budget's training stream meets, and what padding them to a multiple costs.
+
+    python -m ablations.bench.shapes --budget short --steps 1000 --pad-multiples 1,8
+    python -m ablations.bench.shapes --budget cpu --steps 1000 --pad-multiples 1,8 --time 100
+    python -m ablations.bench.shapes --budget short --steps 300 --time 300 --device cuda   # bf16, eager, on a GPU
+
+Each new shape costs a compiled model a recompile and cuDNN's attention a new execution plan (docs/benchmark.md,
+"On a GPU"). Reads the budget's real training stream (its data preset, BPE and batch size); `--time N` also times N
+training steps of the budget's base row at each multiple (bf16 autocast on a GPU), interleaved, on the same batches,
+and reports real (non-pad) tokens per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ablations.data.batching import BatchStream
+from ablations.data.corpora import data_dir
+from ablations.grid.runner import describe_device, prepare_data
+from ablations.runs.budgets import BUDGETS, budget, row_config, select_rows
+from ablations.runs.options import check_counts, failed, resolve_device
+from ablations.training.backends import sdpa_backend
+from ablations.training.stopping import stops_cleanly
+from ablations.training.train import make_optimizer, train_step
+from model import load_model
+from model.batch import Batch
+from model.registry import ModelSpec
+
+
+def stream_shapes(batches: list[Batch]) -> dict[str, float]:
+    """Distinct (rows, source length, target length) shapes, and padding's share of the positions, over `batches`."""
+    positions = sum(b.src.numel() + b.tgt.numel() for b in batches)
+    real = sum(b.src_tokens + b.tgt_tokens for b in batches)
+    return {
+        "shapes": len({(*b.src.shape, b.tgt.shape[1]) for b in batches}),
+        "lengths": len({(b.src.shape[1], b.tgt.shape[1]) for b in batches}),
+        "padding": 1 - real / positions,
+        "real_tokens_per_step": real / len(batches),
+    }
+
+
+def step_times(
+    batches_by_multiple: dict[int, list[Batch]], spec: ModelSpec, device: torch.device, warmup: int = 5
+) -> dict[int, tuple[float, float]]:
+    """(median seconds of a training step, real tokens per second) at each multiple, the multiples interleaved step
+    by step, one model each; reading the loss back waits for the device, so each step is timed whole."""
+    systems = {}
+    for multiple in batches_by_multiple:
+        torch.manual_seed(0)
+        model = load_model(spec).to(device).train()
+        systems[multiple] = (model, make_optimizer(model, device), [], [0])
+    autocast = torch.bfloat16 if device.type == "cuda" else None
+    steps = min(len(b) for b in batches_by_multiple.values())
+    for i in range(steps):
+        for multiple, (model, optimizer, times, tokens) in systems.items():
+            batch = batches_by_multiple[multiple][i].to(device)
+            started = time.perf_counter()
+            train_step(model, model.loss, optimizer, [batch], 1e-4, autocast).item()
+            if i >= warmup:
+                times.append(time.perf_counter() - started)
+                tokens[0] += batch.src_tokens + batch.tgt_tokens
+    return {m: (statistics.median(times), tokens[0] / sum(times)) for m, (_, _, times, tokens) in systems.items()}
+
+
+@stops_cleanly("nothing was written; run it again")
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ablations.bench.shapes", description=__doc__.splitlines()[0])
+    p.add_argument("--budget", default="short", choices=list(BUDGETS))
+    p.add_argument("--steps", type=int, default=1000, help="training steps of the stream to read (default 1000)")
+    p.add_argument("--pad-multiples", default="1,8", help="comma list of pad multiples (default 1,8)")
+    p.add_argument("--time", type=int, default=0, help="also time this many base-row steps per multiple")
+    p.add_argument("--device", default="cpu", help="where --time trains: cpu, cuda, cuda:N (default cpu)")
+    p.add_argument("--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)")
+    p.add_argument("--runs", default="runs", help="where the BPE cache lives (default runs)")
+    args = p.parse_args(argv)
+    try:
+        multiples = [int(m) for m in args.pad_multiples.split(",")]
+        check_counts(("--steps", args.steps), *(("--pad-multiples", m) for m in multiples))
+        b = budget(args.budget)
+        device = resolve_device(args.device)
+        data = prepare_data(b, b.preset, data_dir(args.data), Path(args.runs))
+    except ValueError as exc:
+        return failed(exc)
+    micro = max(1, b.batch_tokens // b.accumulation)
+    lines = [
+        f"`python -m ablations.bench.shapes {' '.join(argv if argv is not None else sys.argv[1:])}`: the first "
+        f"{args.steps} steps of budget {b.name} ({data.summary}; {micro} positions per side per batch)",
+        "",
+        "| pad multiple | distinct shapes | distinct (S, T) | padding share | real tokens per step |"
+        + (f" step s on {describe_device(device)} (median) | real tokens/s |" if args.time else ""),
+        "|---|---|---|---|---|" + ("---|---|" if args.time else ""),
+    ]
+    batches = {}
+    for m in multiples:
+        stream = BatchStream(data.train_src, data.train_tgt, micro, seed=1, pad_multiple=m)
+        batches[m] = [stream.next() for _ in range(args.steps)]
+    spec = ModelSpec("reference").with_config(row_config(select_rows("base")[0], b, data.sp.get_piece_size()))
+    with sdpa_backend(b.sdpa_backend if device.type == "cuda" else "default"):  # the budget's kernel, as a run's
+        timed = step_times({m: bs[: args.time] for m, bs in batches.items()}, spec, device) if args.time else {}
+    for m in multiples:
+        s = stream_shapes(batches[m])
+        lines.append(
+            f"| {m} | {s['shapes']:.0f} | {s['lengths']:.0f} | {s['padding']:.1%} | {s['real_tokens_per_step']:.0f} |"
+            + (f" {timed[m][0]:.4f} | {timed[m][1]:,.0f} |" if timed else "")
+        )
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""What the GPU path does, shown where it can be run here, on the CPU: batches padded to few shapes, torch.compile's
+graphs counted and its time kept apart, the loss read back at logging steps only, the attention kernel chosen."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ablations.__main__ import main
+from ablations.bench import shapes as shapes_report
+from ablations.data.batching import BatchStream, make_batch
+from ablations.runs import folder as R
+from ablations.runs.budgets import SDPA_BACKENDS, TrainSettings
+from ablations.training import compiling, train as T
+from ablations.training.backends import KERNELS, sdpa_backend
+from model import Transformer, TransformerConfig, attention, kernels
+from tests.helpers import needs_data
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # see tests/conftest.py
+TINY = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=30, max_len=64, P_drop=0.0)
+
+
+def varied_pairs(n: int = 120, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
+    """n pairs of token ids with lengths spread over 2..40, as real sentences are."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 40, (n, 2), generator=g).tolist()
+    src = [torch.randint(4, 30, (s,), generator=g).tolist() + [3] for s, _ in lengths]
+    tgt = [torch.randint(4, 30, (t,), generator=g).tolist() for _, t in lengths]
+    return src, tgt
+
+
+def shapes(stream: BatchStream, steps: int) -> set[tuple[int, ...]]:
+    batches = [stream.next() for _ in range(steps)]
+    return {(*b.src.shape, b.tgt.shape[1]) for b in batches}
+
+
+def test_a_padded_batch_has_lengths_a_multiple_of_8_and_the_same_real_tokens():
+    src, tgt = varied_pairs(5)
+    plain, padded = make_batch(src, tgt), make_batch(src, tgt, pad_multiple=8)
+    assert padded.src.shape[1] % 8 == 0 and padded.tgt.shape[1] % 8 == 0
+    assert (padded.src_tokens, padded.tgt_tokens) == (plain.src_tokens, plain.tgt_tokens)
+    assert torch.equal(padded.src[:, : plain.src.shape[1]], plain.src)
+
+
+def test_a_stream_padded_to_multiples_of_8_meets_fewer_shapes_within_its_token_budget():
+    src, tgt = varied_pairs(600)
+    plain = shapes(BatchStream(src, tgt, max_tokens=200, seed=1), 300)
+    padded_stream = BatchStream(src, tgt, max_tokens=200, seed=1, pad_multiple=8)
+    padded = shapes(padded_stream, 300)
+    assert len(padded) < len(plain) / 2
+    assert all(rows * max(s, t) <= 200 or rows == 1 for rows, s, t in padded)  # padding counts against max_tokens
+
+
+def test_every_attention_backend_name_maps_to_a_kernel_and_an_unknown_one_is_refused():
+    assert set(KERNELS) == set(SDPA_BACKENDS) - {"default"}
+    q = k = v = torch.randn(2, 2, 5, 8)
+    with sdpa_backend("math"):
+        held = F.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(held, F.scaled_dot_product_attention(q, k, v))
+    with pytest.raises(ValueError, match="unknown attention backend 'cudnm'; valid: default, cudnn"):
+        sdpa_backend("cudnm")
+
+
+def tiny_run(tmp_path: Path, steps: int, log_every: int, checkpoint_every: int, compile: bool) -> R.Run:
+    settings = TrainSettings(
+        steps=steps,
+        warmup=4,
+        batch_tokens=120,
+        accumulation=1,
+        max_sentence_tokens=40,
+        log_every=log_every,
+        eval_every=10_000,
+        checkpoint_every=checkpoint_every,
+        precision="fp32",
+        compile=compile,
+    )
+    run = R.Run.at(tmp_path, {"row": "base", "seed": 1, "budget": "t"}, settings, TINY)
+    run.directory.mkdir(parents=True)
+    return run
+
+
+def test_compiled_training_compiles_a_few_graphs_for_many_shapes_and_keeps_their_time_apart(tmp_path, monkeypatch):
+    # The eager backend traces and guards as inductor does (the same graphs, the same recompiles) without code generation.
+    monkeypatch.setattr(T, "compile_model", lambda fn: compiling.compile_model(fn, backend="eager"))
+    # Attention as on a GPU: torch's fused kernel. The CPU's explicit path and C++ kernels branch on the data (is any
+    # key masked?), which breaks the graph; the runner compiles on a GPU only.
+    monkeypatch.setattr(attention, "explicit_is_faster", lambda q, k: False)
+    monkeypatch.setenv(kernels.SWITCH, "0")
+    torch._dynamo.reset()
+    run, src, tgt = tiny_run(tmp_path, 24, 6, 24, compile=True), *varied_pairs(400)
+    stream = BatchStream(src, tgt, run.settings.micro_tokens, seed=1, pad_multiple=8)
+    met = shapes(BatchStream(src, tgt, run.settings.micro_tokens, seed=1, pad_multiple=8), 24)
+    state = T.train(Transformer(TINY), run, stream, (src[:4], tgt[:4]), torch.device("cpu"))
+    # torch compiles the first shape statically, then once more with the sizes that changed made symbolic.
+    assert len(met) > 5 and 1 <= state.compiles <= 3
+    assert 0 < state.compile_s < state.wall_s
+    logged = R.read_metrics(run.directory)
+    assert sum(r["compile_s"] for r in logged) == pytest.approx(state.compile_s)
+    assert all(r["step_s_p50"] <= r["step_s_max"] for r in logged if r["step_s_max"] is not None)
+
+
+class Counted:
+    """A step's loss that counts how often it is read back (on a GPU each read waits for the device)."""
+
+    reads = 0
+
+    def __init__(self, loss: torch.Tensor) -> None:
+        self.loss = loss
+
+    def item(self) -> float:
+        Counted.reads += 1
+        return self.loss.item()
+
+
+def test_the_loss_is_read_back_only_at_logging_and_checkpoint_steps(tmp_path, monkeypatch):
+    step = T.train_step
+    monkeypatch.setattr(T, "train_step", lambda *a, **k: Counted(step(*a, **k)))
+    Counted.reads = 0
+    run, src, tgt = tiny_run(tmp_path, 12, 5, 4, compile=False), *varied_pairs(200)
+    T.train(Transformer(TINY), run, BatchStream(src, tgt, 120, seed=1), (src[:4], tgt[:4]), torch.device("cpu"))
+    assert Counted.reads == len({5, 10, 12} | {4, 8, 12})
+    assert [r["step"] for r in R.read_metrics(run.directory)] == [5, 10, 12]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--compile"], "error: --compile: used on a GPU only (the CPU runs eager, in fp32); leave it out"),
+        (["--sdpa-backend", "flash"], "error: --sdpa-backend flash: used on a GPU only"),
+        (["--sdpa-backend", "fastest"], "argument --sdpa-backend: invalid choice: 'fastest'"),
+    ],
+)
+def test_gpu_only_flags_on_the_cpu_are_one_line_errors(argv, message, capsys, tmp_path):
+    code = main(["run", "--device", "cpu", "--runs", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+@needs_data
+def test_the_shapes_report_counts_shapes_and_padding_at_each_multiple_and_times_them(tmp_path, capsys):
+    argv = ["--budget", "smoke", "--steps", "30", "--pad-multiples", "1,8", "--time", "7", "--runs", str(tmp_path)]
+    assert shapes_report.main(argv) == 0
+    rows = [
+        line.split("|")[1:-1]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| 1 |") or line.startswith("| 8 |")
+    ]
+    (plain, padded) = [[cell.strip() for cell in row] for row in rows]
+    assert int(padded[1]) < int(plain[1]) and float(padded[3].rstrip("%")) > float(plain[3].rstrip("%"))
+    assert all(float(row[5]) > 0 for row in (plain, padded))
+
+
+def test_the_shapes_report_refuses_a_device_it_cannot_use_in_one_line(tmp_path, capsys):
+    assert shapes_report.main(["--budget", "smoke", "--time", "2", "--device", "cuda:7", "--runs", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --device cuda:7") and len(err.splitlines()) == 1
