@@ -55,3 +55,17 @@ def bench(session: nox.Session) -> None:
     session.install("-e", ".[bench]")
     session.run("python", "-m", "ablations.bench", *session.posargs)
     session.run("python", "-m", "ablations.bench.profiling")
+
+
+@nox.session(default=False)
+def bench_gpu(session: nox.Session) -> None:
+    """Benchmark the training step and beam search on one GPU beside HF MarianMT and torch.nn: reports/bench-gpu.md."""
+    session.install("-e", ".[hf]")
+    session.run("python", "-m", "ablations.bench.gpu", *(session.posargs or ["--device", "cuda"]))
+
+
+@nox.session(default=False)
+def gpu_check(session: nox.Session) -> None:
+    """What one GPU must show in at most 8 minutes (nox -s gpu_check -- --data gpu-data): reports/gpu-check.md."""
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "ablations.bench.gpu_check", *session.posargs)

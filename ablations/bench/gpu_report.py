@@ -1,0 +1,116 @@
+"""The GPU benchmark's report (reports/bench-gpu.md): the machine, how the steps were timed, and the tables of
+ablations/bench/gpu_timing.py's rows. Only measured numbers; an entry without a timing says why."""
+
+from __future__ import annotations
+
+
+def _num(value: float | None, scale: float = 1.0, digits: int = 1, unit: str = "") -> str:
+    return "-" if value is None else f"{value * scale:,.{digits}f}{unit}"
+
+
+def mfu_note(meta: dict) -> str:
+    if meta["precision"] != "bf16":
+        return (
+            "MFU not reported: the steps ran in fp32, and the peak it would be held to is the card's bf16 dense peak."
+        )
+    if meta["peak_bf16_flops"] is None:
+        on = "a CPU has no bf16 dense peak to hold it to" if meta["device"].startswith("cpu") else "the card is unknown"
+        return f"MFU not reported: {on} (ablations/grid/runner.py's PEAK_BF16_FLOPS lists the cards)."
+    return (
+        f"MFU: model FLOPs (6 per weight per real token, model.params.training_flops) over the card's bf16 dense peak, "
+        f"{meta['peak_bf16_flops'] / 1e12:.0f} TFLOP/s."
+    )
+
+
+def training_table(rows: list[dict], backend: str) -> list[str]:
+    """The training rows as a markdown table; 'vs eager' divides by the same system's eager entry under `backend`."""
+    base = {
+        (r["size"], r["system"]): r["tgt_tokens_per_s"]
+        for r in rows
+        if r["mode"] == "eager" and r["backend"] == backend and r["tgt_tokens_per_s"]
+    }
+    lines = [
+        f"| size | system | mode | attention | timed steps | target tok/s | p50 ms | p99 ms | max ms | MFU | warm-up s "
+        f"(graphs compiled) | compiling in timed steps | peak GiB | vs eager, {backend} | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rate, ref = r["tgt_tokens_per_s"], base.get((r["size"], r["system"]))
+        lines.append(
+            f"| {r['size']} | {r['system']} | {r['mode']} | {r['backend']} | {r['timed_steps']} | {_num(rate, digits=0)} | "
+            f"{_num(r['step_s_p50'], 1e3)} | {_num(r['step_s_p99'], 1e3)} | {_num(r['step_s_max'], 1e3)} | "
+            f"{_num(r['mfu'], 100, unit='%')} | "
+            f"{r['warmup_s']:.1f} ({r['warmup_compiles']}) | "
+            f"{r['timed_compiling_steps']} ({r['timed_compiling_s']:.1f} s) | {_num(r['peak_gib'])} | "
+            f"{f'{rate / ref:.2f}x' if rate and ref else '-'} | {'' if r['status'] == 'measured' else r['status']} |"
+        )
+    return lines
+
+
+def decoding_table(rows: list[dict]) -> list[str]:
+    ref = {r["size"]: r["output_tokens_per_s"] for r in rows if r["system"] == "reference beam_search"}
+    lines = [
+        "| size | system | timed searches | s (median) | output tokens | output tok/s | vs reference | note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rate, base = r["output_tokens_per_s"], ref.get(r["size"])
+        lines.append(
+            f"| {r['size']} | {r['system']} | {r['reps']} | {_num(r['s'], digits=3)} | {r['output_tokens']} | "
+            f"{_num(rate, digits=0)} | {f'{rate / base:.2f}x' if rate and base else '-'} | "
+            f"{'' if r['status'] == 'measured' else r['status']} |"
+        )
+    return lines
+
+
+def batches_line(about: dict) -> str:
+    return (
+        f"{about['size']}: real {about['preset']} training batches (its budget's data and {about['vocab']}-token BPE) "
+        f"of at most {about['batch_tokens']} positions per side, padded to multiples of {about['pad_multiple']}; the "
+        f"{about['timed_reps']} timed repetitions' batches hold {about['shapes']} distinct shapes, "
+        f"{about['mean_tgt_tokens']:,.0f} real target tokens on average, {about['tgt_real_share']:.0%} of target "
+        "positions real."
+    )
+
+
+def markdown(meta: dict, training: list[dict], decoding: list[dict], notes: list[str]) -> str:
+    command = f"python -m ablations.bench.gpu {meta['args']}".strip()
+    limit = ""
+    if meta["time_limit"]:
+        limit = f" Time limit {meta['time_limit']:.0f} s (`--time-limit`): work it left no room for says so."
+    lines = [
+        "# GPU benchmark: training step and beam search beside peers",
+        "",
+        f"Measured by `{command}` on {meta['device']}, torch {meta['torch']}, commit {meta['commit']}, {meta['date']} "
+        f"(host: {meta['cpu']}, {meta['cores']} cores).",
+        "",
+        f"Training: {'bf16 autocast (the loss in fp32)' if meta['precision'] == 'bf16' else 'fp32'}, fused Adam at a "
+        f"fixed learning rate of 1e-4; compiled = torch.compile (backend {meta['compile_backend']}, dynamic=None) of "
+        f"the model's forward. Attention backend of every mode: {meta['backend']} (the runner's choice on a GPU is "
+        "efficient); the other backends ran eager. " + mfu_note(meta),
+        "",
+        *(f"- {batches_line(about)}" for about in meta["batches"]),
+        "",
+        f"Every entry first takes {meta['warmup']} untimed warm-up steps (column 'warm-up s': torch.compile's compiling "
+        f"is there), then up to {meta['steps']} timed steps, interleaved across entries on the same batch in each "
+        "repetition (the order reversed every other one), torch.cuda.synchronize() before and after each step on "
+        "CUDA. A timed step in which torch compiled a graph is counted apart, not in the percentiles. p99 is the "
+        f"nearest rank: of fewer than 100 steps it is the largest.{limit}",
+        "",
+        "## Training step",
+        "",
+        *training_table(training, meta["backend"]),
+        "",
+        "## Beam search (beam 4, batched)",
+        "",
+        f"{meta['decode']['sentences']} dev sources cut to {meta['decode']['length']} tokens; the reference searches up "
+        f"to source length + {meta['decode']['extra']} (untrained weights rarely end earlier), HF generate is forced "
+        f"to exactly {meta['decode']['length'] + meta['decode']['extra']} new tokens; one untimed search each, then "
+        f"up to {meta['decode']['reps']} timed ones, interleaved. Output tokens: those produced, EOS included.",
+        "",
+        *decoding_table(decoding),
+    ]
+    if notes:
+        lines += ["", *(f"- {line}" for line in notes)]
+    lines += ["", f"Regenerate: `{command}`."]
+    return "\n".join(lines) + "\n"
