@@ -1,20 +1,32 @@
 """Entry points: `nox -s invariants` (the main job), `nox -s tests`, `nox -s lint`, `nox -s ablations`, `nox -s report`,
-`nox -s bench`."""
+`nox -s bench`, and on one GPU `nox -s bench_gpu` and `nox -s gpu_check`."""
+
+import os
 
 import nox
 
 nox.options.sessions = ["invariants", "tests"]
 nox.options.reuse_existing_virtualenvs = True  # torch makes a venv expensive
+PYPROJECT = nox.project.load_toml("pyproject.toml")
 
 
 def _install(session: nox.Session) -> None:
     session.install("-e", ".[test]")
 
 
+def asks_for_hf(args: list[str]) -> bool:
+    """Whether a model spec in the arguments (or $AIAYN_MODEL) names a HuggingFace model: hf-marian, hf-bart, hf:PATH."""
+    specs = [os.environ.get("AIAYN_MODEL", ""), *(part for arg in args for part in arg.split("="))]
+    return any(spec.startswith(("hf-", "hf:")) for spec in specs)
+
+
 @nox.session
 def invariants(session: nox.Session) -> None:
     """Check the paper's invariants on a model: nox -s invariants -- --model SPEC (default: reference)."""
-    _install(session)
+    # Only what the checks import (run from the checkout, the package needs no install); transformers for an hf spec.
+    session.install(*nox.project.dependency_groups(PYPROJECT, "invariants"))
+    if asks_for_hf(session.posargs):
+        session.install(*PYPROJECT["project"]["optional-dependencies"]["hf"])
     session.run("python", "-m", "invariants", *session.posargs)
 
 

@@ -4,6 +4,7 @@
 
     class TestMyTransformer(TransformerInvariants):
         spec = "model.py:make,N=2,d_model=64"   # a .py path is relative to this test file
+        device = "cuda"                         # optional: where the model runs (default: --transformer-device, cpu)
 
 A pass passes; a fail fails with the measured error, the tolerance and its reason, and the replay command; not
 applicable is a skip with its reason; an error (the check broke) is an error. -k picks properties by name, and
@@ -28,6 +29,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 OPTION = "--transformer-spec"
+DEVICE_OPTION = "--transformer-device"
 
 
 class TransformerInvariants:
@@ -35,14 +37,22 @@ class TransformerInvariants:
     test file) or a factory config -> model. Tests of your own on the subclass run too."""
 
     spec: str | Callable[[Any], Any] = ""
+    device: str = ""  # a torch device (cuda, cuda:1); empty: --transformer-device, else the CPU
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.getgroup("aiayn", "the paper's invariants (aiayn-harness)").addoption(
+    group = parser.getgroup("aiayn", "the paper's invariants (aiayn-harness)")
+    group.addoption(
         OPTION,
         metavar="SPEC",
         default=None,
         help="check the invariants of 'Attention Is All You Need' on this model spec, one test per property",
+    )
+    group.addoption(
+        DEVICE_OPTION,
+        metavar="DEVICE",
+        default=None,
+        help="torch device the model runs on in those checks, e.g. cuda (default: cpu); the checks stay on the CPU",
     )
 
 
@@ -89,14 +99,14 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 class Target:
     """The model under test, shared by its items: the spec (or factory) and the Subject built on first use."""
 
-    def __init__(self, model: Any) -> None:
-        self.model, self._subject, self._error = model, None, ""
+    def __init__(self, model: Any, device: str) -> None:
+        self.model, self.device, self._subject, self._error = model, device, None, ""
 
     def subject(self) -> Any:
         """The invariants' Subject, built once; a model that cannot be built errs every item with the same line."""
         if self._subject is None and not self._error:
             try:
-                self._subject = harness("invariants.subject").Subject(self.model)
+                self._subject = harness("invariants.subject").Subject(self.model, self.device)
             except Exception as exc:  # a SpecError says what to fix in one line; anything else is named
                 self._error = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
         if self._error:
@@ -104,19 +114,22 @@ class Target:
         return self._subject
 
 
-def model_of(spec: Any, folder: Path, where: pytest.Collector) -> Target:
-    """The model a spec (or factory) names, a relative .py path in it taken from folder; a bad spec, or a module of the
-    user's holding one of the harness's names, is a one-line collection error."""
+def model_of(spec: Any, folder: Path, where: pytest.Collector, device: str = "") -> Target:
+    """The model a spec (or factory) names, a relative .py path in it taken from folder, on `device` (else the
+    --transformer-device option, else the CPU); a bad spec or device, or a module of the user's holding one of the
+    harness's names, is a one-line collection error."""
+    chosen = device or where.config.getoption("transformer_device") or "cpu"
     try:
         parse = harness("model.registry").parse_spec
+        target = str(harness("invariants.device").resolve(chosen, "device" if device else DEVICE_OPTION))
         if callable(spec):
-            return Target(spec)
+            return Target(spec, target)
         parsed = parse(spec)
-    except (ImportError, ValueError) as exc:  # ValueError: a SpecError
+    except (ImportError, ValueError) as exc:  # ValueError: a SpecError, or a device torch cannot use
         raise where.CollectError(f"error: {exc}") from None
     if parsed.target.endswith(".py") and not Path(parsed.target).is_absolute():
         parsed = dataclasses.replace(parsed, target=str(folder / parsed.target))
-    return Target(parsed)
+    return Target(parsed, target)
 
 
 def property_items(parent: pytest.Collector, model: Target) -> list[PropertyItem]:
@@ -130,7 +143,8 @@ class InvariantsClass(pytest.Class):
     """A TransformerInvariants subclass: the tests defined on it, then one item per property of its `spec`."""
 
     def collect(self) -> list[pytest.Item | pytest.Collector]:
-        return [*super().collect(), *property_items(self, model_of(self.obj.spec, self.path.parent, self))]
+        model = model_of(self.obj.spec, self.path.parent, self, self.obj.device)
+        return [*super().collect(), *property_items(self, model)]
 
 
 class SpecInvariants(pytest.Collector):

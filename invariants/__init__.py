@@ -22,7 +22,7 @@ from invariants.block_order import post_ln_order
 from invariants.causal import cached_decoding, causal_future_probs, causal_future_tokens, causal_jacobian
 from invariants.cross_attention import residual_own_input, source_reaches_logits
 from invariants.engine import NotApplicable, Property, Result
-from invariants.feedforward import ffn_nonlinear
+from invariants.feedforward import ffn_nonlinear, ffn_relu
 from invariants.mutants import MUTANTS  # importing it registers mutant:NAME in the model registry
 from invariants.objective import loss_eps_zero_is_nll, loss_pad_normalisation, loss_smoothed_minimum
 from invariants.params import params_base, params_table3, params_tied_embeddings
@@ -31,7 +31,7 @@ from invariants.positional import pe_exact_values, pe_relative_linearity, pe_uni
 from invariants.residual import layer_norm_outputs, residual_paths
 from invariants.softmax import fully_padded_rows, padding_probs_zero, softmax_rows
 from invariants.subject import Subject
-from invariants.sublayer_dropout import dropout_every_sublayer, residual_dropout
+from invariants.sublayer_dropout import dropout_sites, residual_dropout
 from invariants.suite import PROPERTIES, run_suite
 
 __all__ = [

@@ -16,7 +16,7 @@ import time
 import warnings
 from pathlib import Path
 
-from invariants import killmatrix, profiles, report
+from invariants import device, killmatrix, profiles, report
 from invariants.engine import ERROR, FAIL, NOT_APPLICABLE
 from invariants.mutants import MUTANTS
 from invariants.suite import PROPERTIES, run_suite, select
@@ -52,6 +52,11 @@ def parser() -> argparse.ArgumentParser:
         help="hypothesis profile (default: $HYPOTHESIS_PROFILE if one of these, else ci: derandomized)",
     )
     p.add_argument("--seed", type=int, default=None, help="hypothesis seed for the random profiles (dev, thorough)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device the model runs on, e.g. cuda or cuda:1 (default: cpu); the checks stay on the CPU",
+    )
     p.add_argument("--only", default="", help="comma-separated property names (default: all; --list shows them)")
     p.add_argument("--replay", default=None, help="a @reproduce_failure(...) line from a report, with --only NAME")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"report folder (default: {DEFAULT_OUT})")
@@ -115,17 +120,20 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         if replay and len(properties) != 1:
             raise ValueError("--replay needs --only with exactly one property (the one the line came from)")
         report.writable_folder(args.out)
+        target = str(device.resolve(args.device))
         if args.kill_matrix:
-            return kill_matrix(args, settings, profile_name, command)
+            return kill_matrix(args, settings, profile_name, command, target)
         spec = parse_spec(args.model or default_spec())
         start = time.perf_counter()
-        results = run_suite(spec, properties, settings, args.seed, replay, progress=True, profile=profile_name)
+        results = run_suite(
+            spec, properties, settings, args.seed, replay, progress=True, profile=profile_name, device=target
+        )
     except (SpecError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     seconds = time.perf_counter() - start
     print(report.summary_table(results))
-    doc = report.document(str(spec), results, profile_name, command, seconds)
+    doc = report.document(str(spec), results, profile_name, command, seconds, target)
     json_path, md_path = report.write(doc, args.out)
     failed = [r for r in results if r.verdict in (FAIL, ERROR)]
     for r in failed:
@@ -135,9 +143,9 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     return 1 if failed or (args.strict and skipped) else 0
 
 
-def kill_matrix(args: argparse.Namespace, settings, profile_name: str, command: str) -> int:
+def kill_matrix(args: argparse.Namespace, settings, profile_name: str, command: str, target: str) -> int:
     overrides = parse_config_overrides(args.mutant_overrides, "--mutant-overrides")
-    docs = killmatrix.run_mutants(args.out, settings, profile_name, overrides, args.fresh, command)
+    docs = killmatrix.run_mutants(args.out, settings, profile_name, overrides, args.fresh, command, target)
     kill = killmatrix.matrix(docs, command, overrides)
     json_path, md_path = killmatrix.write(kill, args.out)
     missed = [m for m, caught in kill["caught"].items() if not caught]

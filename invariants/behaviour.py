@@ -144,32 +144,36 @@ def fast_equals_explicit(subject: Subject, case: Case) -> float:
 
 
 INFORMATIVE = 1e-250  # float64 probabilities above this have an exact, finite log; exp underflows near 1e-308
+KINDS = ("encoder_self", "decoder_self", "cross")  # every attention eq. (1) scales: section 3.2.3's three uses
+ROWS = 8  # sentences of 16 source and 16 target tokens: each spread is a mean over >= 120 query rows
 
 
-def logit_spread(subject: Subject, config: Overrides, seed: int) -> float:
-    """Mean over query rows of the std of the attention logits, recovered from captured probabilities of the last encoder layer.
+def logit_spreads(subject: Subject, config: Overrides, seed: int) -> dict[str, float]:
+    """Per kind of attention, the mean over query rows of the std of its logits, recovered from the probabilities
+    captured in the last layer of that kind.
 
     log p_j = s_j - logsumexp(s) recovers the logits up to a row constant, but only where p_j > 0: a saturated
-    softmax underflows some p_j to 0. So the std is taken over each row's informative entries (p_j > 1e-250),
-    in rows with at least two of them. The last layer's input has been through a LayerNorm (post-LN, or pre-LN
-    before the attention), so its scale does not depend on how the model scales its embeddings.
+    softmax underflows some p_j to 0, and the causal mask zeroes the future. So the std is taken over each row's
+    informative entries (p_j > 1e-250), in rows with at least two of them. The last layer's inputs, queries and
+    memory alike, have been through a LayerNorm, so their scale does not depend on how the model scales its embeddings.
     """
     model = subject.model(config)
-    batch = random_batch(model.config, 4, 16, 2, False, seed)
+    batch = random_batch(model.config, ROWS, 16, 16, False, seed)
     model.eval()
     with model.attention_probs() as records:
-        model.encode(batch.src, batch.src_pad)
-    last = max(r.layer for r in records if r.kind == "encoder_self")
-    probs = next(r.probs for r in records if r.kind == "encoder_self" and r.layer == last).double()
-    informative = probs > INFORMATIVE
-    log_p = probs.clamp_min(INFORMATIVE).log()
-    n = informative.sum(-1)
-    mean = (log_p * informative).sum(-1) / n.clamp_min(1)
-    var = (((log_p - mean[..., None]) ** 2) * informative).sum(-1) / (n - 1).clamp_min(1)
-    rows = n >= 2
-    if not rows.any():
-        return float("nan")
-    return var[rows].sqrt().mean().item()
+        batch.forward(model)
+    spreads = {}
+    for kind in KINDS:
+        last = max(r.layer for r in records if r.kind == kind)
+        probs = next(r.probs for r in records if r.kind == kind and r.layer == last).double()
+        informative = probs > INFORMATIVE
+        log_p = probs.clamp_min(INFORMATIVE).log()
+        n = informative.sum(-1)
+        mean = (log_p * informative).sum(-1) / n.clamp_min(1)
+        var = (((log_p - mean[..., None]) ** 2) * informative).sum(-1) / (n - 1).clamp_min(1)
+        rows = n >= 2
+        spreads[kind] = var[rows].sqrt().mean().item() if rows.any() else float("nan")
+    return spreads
 
 
 @invariant(
@@ -181,20 +185,29 @@ def logit_spread(subject: Subject, config: Overrides, seed: int) -> float:
     ),
     needs=("attention_probs",),
 )
-def attention_scaling(subject: Subject, config_seed: tuple[Overrides, int]) -> float:
-    """Attention logits are scaled by 1/sqrt(d_k): at init their spread is the same for d_k=d_model and d_k=4 (paper, section 3.2.1).
+def attention_scaling(subject: Subject, config_seed: tuple[Overrides, int]) -> tuple[float, str]:
+    """Encoder self-, decoder self- and cross-attention logits are each scaled by 1/sqrt(d_k): at init their spread is the same for d_k=d_model and d_k=4 (paper, sections 3.2.1 and 3.2.3).
 
     Both configs project to h * d_k = d_model, so q and k have entries of the same size and q.k grows like
     sqrt(d_k); divided by sqrt(d_k) the spreads agree. Any other constant (none, 1/d_k, 1/sqrt(d_model)) makes
-    them differ by a factor sqrt(d_model/4) (>= 2.8 at d_model=32, 11 at the base 512). Measured as |log2| of the ratio.
+    them differ by a factor sqrt(d_model/4) (>= 2.8 at d_model=32, 11 at the base 512). Measured as |log2| of the
+    ratio, for each kind of attention apart: eq. (1) holds for every one of them.
     """
     config, seed = config_seed
     d = config.get("d_model", subject.config.d_model)
     common = {**config, "N": 2, "vocab_size": 100}
-    wide = logit_spread(subject, {**common, "h": 1, "d_k": d, "d_v": d}, seed)
-    narrow = logit_spread(subject, {**common, "h": d // 4, "d_k": 4, "d_v": 4}, seed)
-    ratio = wide / narrow
-    return abs(math.log2(ratio)) if math.isfinite(ratio) and ratio > 0 else float("inf")
+    wide = logit_spreads(subject, {**common, "h": 1, "d_k": d, "d_v": d}, seed)
+    narrow = logit_spreads(subject, {**common, "h": d // 4, "d_k": 4, "d_v": 4}, seed)
+    off = {}
+    for kind in KINDS:
+        ratio = wide[kind] / narrow[kind]
+        off[kind] = abs(math.log2(ratio)) if math.isfinite(ratio) and ratio > 0 else float("inf")
+    unscaled = [f"{kind} ({off[kind]:.2f})" for kind in KINDS if tol.SCALING.violated(off[kind])]
+    return max(off.values()), (
+        f"the spread of {', '.join(unscaled)} changes with d_k (|log2| of the ratio): not divided by sqrt(d_k)"
+        if unscaled
+        else ""
+    )
 
 
 @invariant(
@@ -214,7 +227,7 @@ def embedding_scaling(subject: Subject, case: Case) -> float:
     model, batch = subject.model(case.config), case.make_batch(subject)
     model.eval()
     weights, root_d = model.embedding_weights(), math.sqrt(model.config.d_model)
-    source, target = weights["source"][batch.src] * root_d, weights["target"][batch.tgt] * root_d
+    source, target = (weights[side][ids].cpu() * root_d for side, ids in (("source", batch.src), ("target", batch.tgt)))
     scaled = relative_error(model.embed(batch.tgt), target)
     with capturing(model, case.capture):
         memory = model.encode(batch.src, batch.src_pad)

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 
 from invariants import profiles
+from invariants.device import checking
 from invariants.subject import Factory, Subject
 from invariants.tolerances import Tolerance
 from model import kernels
@@ -80,8 +81,11 @@ class Property:
         seed: int | None = None,
         replay: tuple[str, bytes] | None = None,
         profile: str = "",
+        device: str = "cpu",
     ) -> Result:
-        return run(self, model if isinstance(model, Subject) else Subject(model), settings, seed, replay, profile)
+        """The property's verdict on a model spec, factory or Subject (a Subject runs on its own device)."""
+        subject = model if isinstance(model, Subject) else Subject(model, device)
+        return run(self, subject, settings, seed, replay, profile)
 
 
 def invariant(
@@ -125,9 +129,10 @@ def run(
 
     settings default to the suite's profile ($HYPOTHESIS_PROFILE, else ci); profile names it in the replay command.
     The reference's CPU kernels are used if built but never built here: a build takes longer than every check
-    together, and the checks run mostly in float64 on small batches, where the kernels save little.
+    together, and the checks run mostly in float64 on small batches, where the kernels save little. On CUDA the
+    property runs without TF32 and with deterministic algorithms (invariants/device.py).
     """
-    with kernels.without_building():
+    with kernels.without_building(), checking(subject.device):
         return _run(prop, subject, settings, seed, replay, profile)
 
 
@@ -166,6 +171,7 @@ def _run(
     if seed is None and not settings.derandomize:
         seed = random.getrandbits(32)
     command = f"python -m invariants --model '{subject.name}' --only {prop.name}"
+    command += f" --device {subject.device}" if subject.device.type != "cpu" else ""
     command += (
         f" --profile {profile or 'ci'}"
         if settings.derandomize

@@ -1,7 +1,8 @@
-"""Invariant 8: the position-wise feed-forward networks are non-linear, FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2).
+"""Invariant 8: the position-wise feed-forward networks are eq. (2), FFN(x) = max(0, x W1 + b1) W2 + b2: non-linear
+(`ffn_nonlinear`), and with max(0, z) as their activation (`ffn_relu`).
 
-On sequences of length 1 every attention is an affine map (a softmax over one key is 1), so in eval mode the
-only non-linear steps left are the FFNs' activations and the normalisations. A normalisation maps its input to
+`ffn_nonlinear`: on sequences of length 1 every attention is an affine map (a softmax over one key is 1), so in eval
+mode the only non-linear steps left are the FFNs' activations and the normalisations. A normalisation maps its input to
 a linear function of it times one scalar (1 / its std), which adds at most one dimension to the affine span of
 a set of vectors. Feed source embeddings on a circle (affine dimension 2) through the encoder: without an
 activation the outputs span at most 2 + (number of normalisations) affine dimensions, 2N from section 3.1 plus
@@ -9,9 +10,20 @@ an allowance of 2 for an embedding or final LayerNorm. With ReLU each unit switc
 circle (its radius dwarfs the biases and the positional encoding, so every pre-activation changes sign), and
 the kinks add dimensions. The decoder is probed the same way, its length-1 target embeddings on a circle and
 one fixed length-1 memory (cross-attention to a single key is then a constant), with 3N + 2 normalisations.
+
+`ffn_relu` changes the FFNs' own parameters in the cached model and puts them back exactly: the matrices with one axis
+of d_ff (section 3.3's inner-layer width) and one of d_model, W1 the one beside a d_ff-long bias b1. max(0, z) is
+positively homogeneous, so W1 and b1 times c with W2 divided by c compute the same FFN for every c > 0 (for c = 4 and
+1/4 to the last bit); GELU and SiLU are not, and the logits move. It is also 0 below 0, so with b1 lowered beyond
+every pre-activation each FFN outputs b2 alone, and lowering it further changes nothing; a leaky ReLU's negative side,
+or a missing activation, moves with it. Only multiples of max(0, z) do both.
 """
 
 from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 from hypothesis import strategies as st
@@ -20,7 +32,8 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import small_configs
 from invariants.engine import NotApplicable, invariant
-from invariants.subject import OWN_CONFIG, Overrides, Subject
+from invariants.subject import OWN_CONFIG, Overrides, Subject, random_batch, relative_error
+from model.protocol import Seq2SeqModel
 
 GROUP = "8 feed-forward networks"
 EXTRA_NORMS = 2  # an embedding LayerNorm and a final LayerNorm that some correct models add
@@ -86,3 +99,98 @@ def ffn_nonlinear(subject: Subject, case: tuple[Overrides, int]) -> tuple[float,
         if flat
         else ""
     )
+
+
+RESCALE = 4.0  # a power of two: c z and z / c are exact in binary floating point, so ReLU's logits repeat bit for bit
+SHIFT = 10  # b1 lowered by 10x a bound on the pre-activations of an input of a LayerNorm output's norm, sqrt(d_model)
+
+
+def feed_forward_parts(model: Seq2SeqModel) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """(W1s, b1s, W2s) of the stacks' FFNs: the matrices with one axis of d_ff and the other of d_model (eq. 2);
+    W1 is the one held beside a d_ff-long bias, b1, the other is W2."""
+    cfg, groups = model.config, model.parameter_groups()
+    owned = {id(p) for name in ("encoder", "decoder") for p in groups.get(name, [])}
+    firsts, biases, seconds = [], [], []
+    for module in model.modules():
+        own = [p for p in module.parameters(recurse=False) if id(p) in owned]
+        matrices = [p for p in own if p.dim() == 2 and sorted(p.shape) == sorted((cfg.d_ff, cfg.d_model))]
+        bias = [p for p in own if p.dim() == 1 and p.numel() == cfg.d_ff]
+        (firsts if bias else seconds).extend(matrices)
+        biases.extend(bias if matrices else [])
+    return firsts, biases, seconds
+
+
+@contextmanager
+def rescaled(firsts: list[Tensor], biases: list[Tensor], seconds: list[Tensor], c: float) -> Iterator[None]:
+    """W1 and b1 times c, W2 divided by c, while open (c a power of two: put back exactly)."""
+    with torch.no_grad():
+        for p in [*firsts, *biases]:
+            p.mul_(c)
+        for p in seconds:
+            p.div_(c)
+        try:
+            yield
+        finally:
+            for p in [*firsts, *biases]:
+                p.div_(c)
+            for p in seconds:
+                p.mul_(c)
+
+
+@contextmanager
+def lowered(firsts: list[Tensor], biases: list[Tensor], d_model: int, times: float) -> Iterator[None]:
+    """Every b1 lowered by `times` SHIFT-fold a bound on the pre-activations of inputs of norm sqrt(d_model), while open
+    (then restored): |x W1 + b1| <= |x| |W1| + max |b1|."""
+    saved = [b.detach().clone() for b in biases]
+    bound = max(w.norm().item() for w in firsts) * math.sqrt(d_model) + max(b.abs().max().item() for b in biases)
+    with torch.no_grad():
+        for b in biases:
+            b.sub_(times * SHIFT * (1 + bound))
+        try:
+            yield
+        finally:
+            for b, kept in zip(biases, saved):
+                b.copy_(kept)
+
+
+@invariant(
+    GROUP,
+    tol.RELU,
+    pinned=lambda s: [(OWN_CONFIG, 0)],
+    cases=lambda s: st.tuples(small_configs().map(lambda c: {**c, "d_ff": 4 * c["d_model"]}), st.integers(0, 2**16)),
+)
+def ffn_relu(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
+    """W1 and b1 times 4 with W2 divided by 4 leave the logits unchanged, and so does b1 lowered further below every pre-activation: the FFNs' activation is max(0, z) (paper, eq. 2)."""
+    config, seed = case
+    model = subject.model(config).eval()
+    cfg = model.config
+    firsts, biases, seconds = feed_forward_parts(model)
+    if cfg.d_ff in (cfg.d_model, 3 * cfg.d_model) or not firsts or len(firsts) != len(seconds):
+        raise NotApplicable(
+            f"the FFNs' matrices are found as those with one axis of d_ff={cfg.d_ff} and one of d_model={cfg.d_model} "
+            f"(d_ff apart from d_model and 3 d_model, a fused attention projection's), W1 beside a bias of d_ff (b1); "
+            f"found {len(firsts)} with b1 and {len(seconds)} without"
+        )
+    batch = random_batch(cfg, 2, 5, 4, True, seed)
+    logits = batch.forward(model)
+    moved = []
+    for c in (RESCALE, 1 / RESCALE):
+        with rescaled(firsts, biases, seconds, c):
+            moved.append(relative_error(batch.forward(model), logits))
+    with lowered(firsts, biases, cfg.d_model, 1.0):
+        low = batch.forward(model)
+    with lowered(firsts, biases, cfg.d_model, 2.0):
+        dead = relative_error(batch.forward(model), low)
+    homogeneous = max(moved)
+    notes = []
+    if tol.RELU.violated(homogeneous):
+        notes.append(
+            f"W1, b1 times {RESCALE:g} or 1/{RESCALE:g} (W2 the inverse) move the logits by {homogeneous:.3g}: the "
+            "activation is not positively homogeneous (GELU, SiLU?)"
+        )
+    if tol.RELU.violated(dead):
+        notes.append(
+            f"b1 lowered below every pre-activation, then twice as far, moves the logits by {dead:.3g}: the "
+            "activation is not 0 below 0 (a leaky ReLU?)"
+        )
+    return max(homogeneous, dead), "; ".join(notes)

@@ -38,8 +38,9 @@ def run_mutants(
     overrides: Overrides = OWN_CONFIG,
     fresh: bool = False,
     command: str = "",
+    device: str = "cpu",
 ) -> list[dict[str, Any]]:
-    """Run (or reuse) the report of every mutant; returns their report documents."""
+    """Run (or reuse) the report of every mutant, on `device`; returns their report documents."""
     docs = []
     for name in tqdm(MUTANTS, desc="mutants", unit="mutant"):
         spec = mutant_spec(name, overrides)
@@ -52,13 +53,14 @@ def run_mutants(
             if (
                 isinstance(doc, dict)
                 and doc.get("profile") == profile
+                and doc.get("device", "cpu") == device
                 and [p["name"] for p in doc.get("properties", [])] == [p.name for p in PROPERTIES]
             ):
                 docs.append(doc)
                 continue
         start = time.perf_counter()
-        results = run_suite(spec, settings=settings, profile=profile)
-        doc = report.document(str(spec), results, profile, command, time.perf_counter() - start)
+        results = run_suite(spec, settings=settings, profile=profile, device=device)
+        doc = report.document(str(spec), results, profile, command, time.perf_counter() - start, device)
         report.write(doc, out / "mutants")
         docs.append(doc)
     return docs

@@ -67,9 +67,12 @@ def summary_line(spec: str, results: list[Result], seconds: float, profile: str)
     )
 
 
-def document(spec: str, results: list[Result], profile: str, command: str, seconds: float) -> dict[str, Any]:
+def document(
+    spec: str, results: list[Result], profile: str, command: str, seconds: float, device: str = "cpu"
+) -> dict[str, Any]:
     return {
         "model": spec,
+        "device": device,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
         "torch": torch.__version__,
@@ -100,7 +103,9 @@ def markdown(doc: dict[str, Any]) -> str:
         f"# Invariants: `{doc['model']}`",
         "",
         f"{counts_text(doc['verdicts'])} "
-        f"({doc['seconds']} s; hypothesis profile `{doc['profile']}`; torch {doc['torch']}; commit {doc['commit']}; {doc['date']}).",
+        f"({doc['seconds']} s; hypothesis profile `{doc['profile']}`; torch {doc['torch']}; commit {doc['commit']}; {doc['date']}"
+        + (f"; on {doc['device']}" if doc.get("device", "cpu") != "cpu" else "")
+        + ").",
         "",
         f"Regenerate: `{doc['command']}`",
         "",

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from invariants import capabilities
+from invariants.device import placed, resolve
 from model.batch import Batch
 from model.config import TransformerConfig
 from model.table3 import preset
@@ -36,11 +37,13 @@ def seeded(seed: int) -> Iterator[None]:
 
 
 class Subject:
-    """A model spec (or factory) and the models built from it, cached by (config overrides, dtype)."""
+    """A model spec (or factory) and the models built from it, cached by (config overrides, dtype), on its device."""
 
-    def __init__(self, model: Union[ModelSpec, str, Factory]) -> None:
+    def __init__(self, model: Union[ModelSpec, str, Factory], device: torch.device | str = "cpu") -> None:
         if isinstance(model, str):
             model = parse_spec(model)
+        # Where the models run (invariants/device.py); the checks stay on the CPU.
+        self.device = resolve(str(device), "device")
         self.spec: ModelSpec | None = model if isinstance(model, ModelSpec) else None
         self.name = str(model) if self.spec else getattr(model, "__qualname__", repr(model))
         self._factory = None if self.spec else model
@@ -72,7 +75,7 @@ class Subject:
                 for k in [k for k in self._models if k[0]][:32]:
                     del self._models[k]
             with seeded(INIT_SEED):
-                self._models[key] = self.build(overrides).to(dtype)
+                self._models[key] = placed(self.build(overrides).to(dtype), self.device)
         return self._models[key]
 
     def fresh(self, overrides: Overrides = OWN_CONFIG) -> Seq2SeqModel:
@@ -85,7 +88,7 @@ class Subject:
             except Exception:  # an adapter holding something that cannot be copied: build it afresh
                 pass
         with seeded(INIT_SEED):
-            return self.build(overrides).double()
+            return placed(self.build(overrides).double(), self.device)
 
     def lacks(self, *names: str) -> str | None:
         """The reason the model lacks one of these capabilities, or None if it has them all: declared in `unsupported`,

@@ -2,10 +2,9 @@
 sub-layer input and normalized", and "to the sums of the embeddings and the positional encodings in both the encoder
 and decoder stacks". Nowhere else does the paper put it; both checks count dropout masks, from both sides.
 
-Both feed inputs along a few coordinates (residual_dropout huge ones, beside which the positional encoding does not
-matter; dropout_every_sublayer with the encoding switched off) and count the share of outputs that train mode leaves
-as in eval: an output is as in eval only when every dropout mask on its path spared the coordinates that carry it. The masks are independent, so the share is a product over the dropout sites on
-the path, and it is judged two-sided in binomial standard deviations: a missing site fails as surely as an extra one.
+Both count the share of outputs that train mode leaves as a known deterministic computation gives them: an output is
+that only when every dropout mask on its path spared the coordinates that carry it. The masks are independent, so the
+share is a product over the dropout sites on the path, and it is judged two-sided in binomial standard deviations.
 
 `residual_dropout` zeroes every sub-layer (weights and biases, normalisations kept): each outputs exactly 0, so dropout
 on its output changes nothing, and in train mode only the embeddings' dropout acts. Inputs are two-hot,
@@ -14,20 +13,21 @@ such a vector to itself up to scale), otherwise it is not. A stack with no embed
 in eval; one that drops the residual stream (after the sum, or after the LayerNorm) draws another mask at every
 sub-layer, and the share falls to (1 - p)^(2 (1 + sub-layers)).
 
-`dropout_every_sublayer` counts the sub-layers' dropouts. Let u = e_0 + e_1 - e_2 - e_3. Every weight matrix of the
-encoder and decoder gets the rank-one pattern of u (at coordinates 0-3 modulo d_model, on either axis), everything else
-there is set to 0 and the normalisations to identity: every sub-layer then maps a stream c u to a positive multiple of
-u (attention averages such values, the FFN passes the ReLU'd half of them), adding GROWTH / N of it or less. The
-inputs are c u at every position, with the positional encoding switched off, so that every key looks the same. Dropout
-on a sub-layer's output is then as in eval when it keeps or drops all four coordinates (probability q = (1 - p)^4 +
-p^4: the stream stays along u, whose scale the LayerNorm takes away) and not otherwise; so the share is (1 - p)^4 q^L
-over the L sub-layers on the path (2N to an encoder output, 3N to the logits), and the first mask's mark is still
-~GROWTH / N / e of the stream at the last sub-layer, far above SAME. Dropout inside a sub-layer, before a linear map
-(on attention probabilities as in torch.nn and the Annotated Transformer, or on the FFN's activations), only rescales
-the multiple of u, so it leaves the share alone, but for the chance that it silences the whole sub-layer: every query
-sees at least 5 keys of equal value (decoder positions from FIRST_JUDGED on), the FFN at least two copies of u's
-positive half (d_ff >= 2 d_model). Attention mixes positions, but only multiples of u: a position is as in eval
-exactly when its own masks spare it, and positions count as independent samples.
+`dropout_sites` counts every other mask. Let u = e_0 + e_1 - e_2 - e_3 and w = e_4 + e_5 - e_6 - e_7. Every weight
+matrix of the encoder and decoder gets the rank-one pattern of u (at coordinates 0-3 modulo d_model, on either axis),
+every other parameter there 0, the normalisations a gain of NORM_GAIN and no bias. Sequences have one position and the
+positional encoding is off, so attention over one key returns its value, and with no biases every sub-layer maps its
+input x to a multiple of u that is linear in x (the FFN's ReLU is positively homogeneous): W^V then W^O, W1 then W2.
+The input is SCALE (u + w): sub-layers write along u, only the residual path carries w, so the ratio of the two, which
+each LayerNorm keeps, records how much every sub-layer added. Dropout that keeps a value scales it by 1/(1-p) (or the
+eval pass scales by 1-p), so where the paper's masks keep every coordinate they touch, 8 of the embeddings' and 4 of
+each sub-layer's output, train mode gives the eval output of the same model with every sub-layer's output times
+1/(1-p) (its matrices times (1-p)^(-1/2)); otherwise it does not. The share is (1-p)^(8 + 4L) over the L sub-layers on
+the path (2N to an encoder output, 3N to the logits). A site the paper does not have, on attention probabilities (as
+torch.nn and the Annotated Transformer have), on the values or on the FFN's activations, scales what its sub-layer adds
+by another random factor (never exactly 1: the FFN's active units are fewer than 1/p), and so does a sub-layer output
+without its dropout or with two: each leaves no output as computed, share 0. Rows are independent samples. Dropout on
+queries or keys is not seen here: with one key, its probability is 1 whatever the query.
 """
 
 from __future__ import annotations
@@ -46,22 +46,19 @@ from invariants.subject import OWN_CONFIG, Overrides, Subject, seeded
 from model.protocol import Seq2SeqModel
 
 P_DROP = 0.3  # residual_dropout: both coordinates of a two-hot survive a mask with probability 0.49
-SCALE = 1e8  # of the inputs: the positional encoding beside them moves a normalised output by ~1e-8
+SCALE = 1e8  # of the inputs: beside them a positional encoding moves a normalised output by ~1e-8, LayerNorm's eps by 0
 SAMPLES, LENGTH = 32, 8  # residual_dropout: sequences x positions, 256 independent positions
 SAME = 1e-4  # relative difference counted as the eval output: LayerNorm eps shifts a rescaled input by <= 1e-5, a lost coordinate by >= 1e-2
 VOCABULARY = (
     1000  # on the spec's own config: the sites do not depend on it, and 37000 logits per position cost most of a pass
 )
-SITE_P = 0.075  # dropout_every_sublayer runs at P_drop = SITE_P / N: a share of (1-p)^4 q^(3N) ~ 0.3 at every N
-ROWS = {
-    True: 48,
-    False: 384,
-}  # dropout_every_sublayer's sequences on the spec's own config (costly at base) / drawn configs
-SOURCE_LEN, TARGET_LEN, FIRST_JUDGED = 8, 12, 4  # decoder positions from 4 on see >= 5 keys
-# Each sub-layer adds GROWTH / N times the stream (half that for an FFN): small, so that what a mask took at the first
-# sub-layer, about GROWTH / 2N of the stream, is still ~GROWTH / 2N / e at the last (1e-2, 100x SAME, at N = 6), not
-# drowned by the stream's growth along u, which each LayerNorm then scales down.
+SITE_P = 0.075  # dropout_sites runs at P_drop = SITE_P / N: shares (1-p)^(8 + 4L) of 0.2-0.5 at every N
+ROWS = {True: 128, False: 512}  # dropout_sites' one-position sequences on the spec's own config (base: costly) / drawn
+# Each sub-layer adds GROWTH / N times the stream's u part (half that for an FFN): small, so that the w part, which
+# records what every sub-layer added, is still ~1/e of the stream after 3N sub-layers.
 GROWTH = 1 / 3
+NORM_GAIN = 1e3  # the normalisations' gain: their eps (1e-5) then moves an output by ~1e-11 when dropout rescales
+MATCH = 1e-8  # relative difference counted as the same output: seen <= 2e-14 when it is, >= 6e-5 when it is not
 
 
 def two_hot(batch: int, length: int, d_model: int, gen: torch.Generator) -> Tensor:
@@ -89,11 +86,13 @@ def deviation(share: float, expected: float, samples: int) -> float:
     return (share - expected) / math.sqrt(expected * (1 - expected) / samples)
 
 
-def judged(shares: list[tuple[str, float, float, int]], why_high: str, why_low: str) -> tuple[float, str]:
+def judged(
+    shares: list[tuple[str, float, float, int]], why_high: str, why_low: str, like: str = "as in eval"
+) -> tuple[float, str]:
     """The largest |deviation| over (name, share, expected, samples), and a note for those beyond the tolerance."""
     deviations = [(name, share, expected, deviation(share, expected, n)) for name, share, expected, n in shares]
     notes = [
-        f"{name} {share:.1%} as in eval, expected {expected:.1%} ({z:+.1f} std): {why_high if z > 0 else why_low}"
+        f"{name} {share:.1%} {like}, expected {expected:.1%} ({z:+.1f} std): {why_high if z > 0 else why_low}"
         for name, share, expected, z in deviations
         if tol.DROPOUT_SITES.violated(abs(z))
     ]
@@ -135,10 +134,11 @@ def residual_dropout(subject: Subject, case: tuple[Overrides, int]) -> tuple[flo
     )
 
 
-def signs(n: int, d_model: int) -> Tensor:
-    """(n,) the direction u on an axis of n: +1 at coordinates 0 and 1 modulo d_model, -1 at 2 and 3, 0 elsewhere."""
-    index = torch.arange(n) % d_model
-    return (index < 2).double() - ((index >= 2) & (index < 4)).double()
+def signs(n: int, d_model: int, first: int = 0) -> Tensor:
+    """(n,) a direction on an axis of n: +1 at coordinates first, first+1 modulo d_model, -1 at the next two, 0 elsewhere
+    (first=0: u; first=4: w)."""
+    index = torch.arange(n) % d_model - first
+    return ((index >= 0) & (index < 2)).double() - ((index >= 2) & (index < 4)).double()
 
 
 def pattern(shape: torch.Size, d_model: int, gain: float) -> Tensor:
@@ -152,41 +152,53 @@ def pattern(shape: torch.Size, d_model: int, gain: float) -> Tensor:
     return 0.25 * gain * axis(shape[-2])[:, None] * axis(shape[-1])[None, :]
 
 
-def proportional_sublayers(subject: Subject, config: Overrides) -> Seq2SeqModel:
-    """A fresh float64 copy whose sub-layers map a stream along u to a positive multiple of u: every weight matrix of
-    the encoder's and decoder's groups set to `pattern`, every other parameter there to 0, normalisations to identity."""
-    model = subject.fresh(config).eval()
+def stack_parameters(model: Seq2SeqModel) -> tuple[list[Tensor], dict[int, bool]]:
+    """The encoder's and decoder's parameters but the embedding matrices, and of them the normalisations' (storage
+    address -> is a bias)."""
     groups = model.parameter_groups()
     if not {"encoder", "decoder"} <= set(groups):
         raise NotApplicable(f"parameter_groups() names no encoder and decoder groups (it has {', '.join(groups)})")
     kept = {w.untyped_storage().data_ptr() for w in model.embedding_weights().values()}
     norms = {p.untyped_storage().data_ptr(): name.endswith("bias") for p, name in normalisation_parameters(model)}
+    return [p for p in [*groups["encoder"], *groups["decoder"]] if p.untyped_storage().data_ptr() not in kept], norms
+
+
+def proportional_sublayers(subject: Subject, config: Overrides) -> Seq2SeqModel:
+    """A fresh float64 copy in which every sub-layer maps one-position sequences to multiples of u, linearly: every weight
+    matrix of the encoder's and decoder's groups set to `pattern`, every other parameter there to 0, normalisations to
+    a gain of NORM_GAIN."""
+    model = subject.fresh(config).eval()
+    parameters, norms = stack_parameters(model)
     d_model, gain = model.config.d_model, math.sqrt(GROWTH / model.config.N)
     with torch.no_grad():
-        for p in [*groups["encoder"], *groups["decoder"]]:
+        for p in parameters:
             address = p.untyped_storage().data_ptr()
             if address in norms:
-                p.fill_(0.0 if norms[address] else 1.0)
-            elif address not in kept:
+                p.fill_(0.0 if norms[address] else NORM_GAIN)
+            else:
                 p.copy_(pattern(p.shape, d_model, gain).expand_as(p) if p.dim() >= 2 else torch.zeros_like(p))
     return model
 
 
-def along_u(rows: int, length: int, d_model: int, size: float) -> Tensor:
-    """(rows, length, d_model) float64: size * u at every position."""
-    return (size * signs(d_model, d_model)).expand(rows, length, d_model).clone()
+def scale_sublayer_outputs(model: Seq2SeqModel, factor: float) -> None:
+    """Multiply every sub-layer's output by factor: each of its two matrices on the value path by sqrt(factor) (on
+    one-position sequences W^Q and W^K do not matter, and with no biases the sub-layers are homogeneous)."""
+    parameters, norms = stack_parameters(model)
+    with torch.no_grad():
+        for p in parameters:
+            if p.dim() >= 2 and p.untyped_storage().data_ptr() not in norms:
+                p.mul_(math.sqrt(factor))
 
 
 def wide_enough(config: Overrides) -> bool:
-    """u's four coordinates leave others (at d_model = 4, half of u minus its mean is u again), and the FFN holds two
-    copies of u's positive half, so that its activations' dropout silences it with probability p^4 at most."""
-    return config["d_model"] >= 8 and config["d_ff"] >= 2 * config["d_model"]
+    """u and w take coordinates 0-7, and a LayerNorm'd stream needs others beside them."""
+    return config["d_model"] >= 16
 
 
 def site_shares(p: float, N: int) -> tuple[float, float]:
-    """The shares as in eval with one mask on the embeddings and one on each sub-layer's output: encoder, decoder."""
-    q = (1 - p) ** 4 + p**4
-    return (1 - p) ** 4 * q ** (2 * N), (1 - p) ** 4 * q ** (3 * N)
+    """The shares as computed with one mask on the embeddings (8 coordinates) and one on each sub-layer's output (4):
+    encoder outputs, logits."""
+    return (1 - p) ** (8 + 4 * 2 * N), (1 - p) ** (8 + 4 * 3 * N)
 
 
 @invariant(
@@ -196,38 +208,46 @@ def site_shares(p: float, N: int) -> tuple[float, float]:
     cases=lambda s: st.tuples(small_configs().filter(wide_enough), st.integers(0, 2**16)),
     needs=("source_embeddings", "target_embeddings", "positional_switch"),
 )
-def dropout_every_sublayer(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
-    """With every sub-layer mapping its input to a multiple of one direction u, the share of outputs train mode leaves as in eval is that of one dropout on each sub-layer's output and one on the embeddings, (1-p)^4 ((1-p)^4 + p^4)^(sub-layers) (paper, section 5.4)."""
+def dropout_sites(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
+    """With sub-layers that add multiples of one direction, train mode gives the eval outputs with every sub-layer's output times 1/(1-p) in the share of rows that one dropout on each sub-layer's output and one on the embeddings leave whole, and none inside attention or the FFN (paper, section 5.4)."""
     config, seed = case
     N = config.get("N", subject.config.N)
     p = SITE_P / N
     model = proportional_sublayers(subject, spec_config(subject, config, p))
     d, rows = model.config.d_model, ROWS[not config]
-    source_len, target_len = min(SOURCE_LEN, model.config.max_len), min(TARGET_LEN, model.config.max_len)
-    if target_len <= FIRST_JUDGED:
-        raise NotApplicable(f"max_len={model.config.max_len}: decoder positions from {FIRST_JUDGED} on are needed")
-    if d < 8:
+    if d < 16:
         raise NotApplicable(
-            f"d_model={d}: u's four coordinates need others beside them (at d_model 4, half of u minus "
-            f"its mean is u again, and a mask that drops half of u would pass as eval)"
+            f"d_model={d}: u and w take 8 coordinates, and a LayerNorm'd stream needs others beside them"
         )
-    size = math.sqrt(d / 4)  # a LayerNorm'd stream along u; the same at every position, attention is then spread evenly
-    memory, source, target = (along_u(rows, n, d, size) for n in (source_len, source_len, target_len))
-    src_pad = torch.zeros(rows, source_len, dtype=torch.bool)
-    tgt_pad = torch.zeros(rows, target_len, dtype=torch.bool)
-    with model.positional_encoding(False):  # every position the same: no key stands out, at any size
-        encoded = model.encode(source[:1], src_pad[:1])
-        logits = model.decode(target[:1], memory[:1], src_pad[:1], tgt_pad[:1])
+    direction = signs(d, d) + signs(d, d, first=4)  # u + w
+    inputs = (SCALE * direction).expand(rows, 1, d).clone()
+    memory = (NORM_GAIN * math.sqrt(d / 8) * direction).expand(rows, 1, d).clone()  # as a LayerNorm outputs u + w
+    pad = torch.zeros(rows, 1, dtype=torch.bool)
+    with model.positional_encoding(False):
         model.train()  # a fresh copy: nothing to restore
         with seeded(seed):
-            encoder = as_in_eval(model.encode(source, src_pad), encoded)
-            decoder = as_in_eval(model.decode(target, memory, src_pad, tgt_pad), logits)[:, FIRST_JUDGED:]
-    expect_encoder, expect_decoder = site_shares(p, model.config.N)
+            encoded = model.encode(inputs, pad)
+            logits = model.decode(inputs, memory, pad, pad)
+        model.eval()
+        scale_sublayer_outputs(model, 1 / (1 - p))
+        expected_encoded = model.encode(inputs[:1], pad[:1])
+        expected_logits = model.decode(inputs[:1], memory[:1], pad[:1], pad[:1])
+    encoder = as_computed(encoded, expected_encoded)
+    decoder = as_computed(logits, expected_logits)
+    share_encoder, share_decoder = site_shares(p, model.config.N)
     return judged(
         [
-            ("encoder outputs", encoder.double().mean().item(), expect_encoder, encoder.numel()),
-            ("decoder logits", decoder.double().mean().item(), expect_decoder, decoder.numel()),
+            ("encoder outputs", encoder.double().mean().item(), share_encoder, rows),
+            ("decoder logits", decoder.double().mean().item(), share_decoder, rows),
         ],
         why_high=f"fewer dropout masks than one per sub-layer output and one on the embeddings (P_drop={p:.3g})",
-        why_low=f"more dropout masks than one per sub-layer output and one on the embeddings (P_drop={p:.3g})",
+        why_low=f"dropout where section 5.4 has none (inside attention or the FFN), or a sub-layer output dropped "
+        f"twice or not at all (P_drop={p:.3g})",
+        like="as computed with every sub-layer's output times 1/(1-p)",
     )
+
+
+def as_computed(train: Tensor, expected: Tensor) -> Tensor:
+    """Per row: the train-mode output equals the expected one to MATCH, relative to its size."""
+    difference = (train - expected).abs().flatten(1).amax(-1) / expected.abs().max().clamp_min(1e-300)
+    return difference < MATCH

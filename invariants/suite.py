@@ -56,8 +56,9 @@ PROPERTIES: list[Property] = [
     block_order.post_ln_order,
     cross_attention.residual_own_input,
     sublayer_dropout.residual_dropout,
-    sublayer_dropout.dropout_every_sublayer,
+    sublayer_dropout.dropout_sites,
     feedforward.ffn_nonlinear,
+    feedforward.ffn_relu,
     cross_attention.source_reaches_logits,
 ]
 BY_NAME = {p.name: p for p in PROPERTIES}
@@ -83,9 +84,11 @@ def run_suite(
     replay: tuple[str, bytes] | None = None,
     progress: bool = False,
     profile: str = "",
+    device: str = "cpu",
 ) -> list[Result]:
-    """Run properties (default: all) against one model; a bad spec raises model.SpecError before any runs."""
-    subject = model if isinstance(model, Subject) else Subject(model)
+    """Run properties (default: all) against one model, on `device` unless it is a Subject (which has its own); a bad
+    spec raises model.SpecError before any runs."""
+    subject = model if isinstance(model, Subject) else Subject(model, device)
     results = []
     bar = tqdm(properties or PROPERTIES, desc=subject.name, unit="property", disable=not progress, leave=False)
     for prop in bar:

@@ -146,4 +146,17 @@ def test_installed_package_runs_from_a_working_directory_and_reads_its_paths_the
 def test_the_installed_pytest_plugin_runs_each_property_as_a_test_from_an_empty_folder(venv, tmp_path):
     spec = "reference,N=1,d_model=16,d_ff=32,h=2,d_k=8,d_v=8,vocab_size=40"
     checked = run(venv, tmp_path, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--transformer-spec", spec)
-    assert checked.returncode == 0 and "36 passed" in checked.stdout, checked.stdout[-2000:] + checked.stderr[-2000:]
+    assert checked.returncode == 0 and "37 passed" in checked.stdout, checked.stdout[-2000:] + checked.stderr[-2000:]
+
+
+def test_the_invariants_dependency_group_pins_what_the_package_pins():
+    # nox -s invariants installs the group, not the package: a pin changed in one place must change in both.
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    pins = dict(
+        p.split("==")
+        for p in project["project"]["dependencies"] + project["project"]["optional-dependencies"]["test"]
+        if "==" in p
+    )
+    group = dict(p.split("==") for p in project["dependency-groups"]["invariants"])
+    assert group == {name: pins[name] for name in group}

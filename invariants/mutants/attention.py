@@ -153,6 +153,21 @@ def attention_over_sqrt_d_model(q, k, v, allowed, need_weights):
 
 
 @register_mutant(
+    "cross_attention_unscaled",
+    bug="cross-attention logits not divided by sqrt(d_k), the self-attentions' are",
+    caught_by=("attention_scaling",),
+    known_bug=False,
+)
+class CrossAttentionUnscaled(Transformer):
+    """The decoder's cross-attention built with the unscaled attend, its self-attentions with the reference's."""
+
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        for i, layer in enumerate(self.decoder):
+            layer.cross_attn = MultiHeadAttention(cfg, "cross", i, unscaled_attention)
+
+
+@register_mutant(
     "cross_attention_unmasked",
     bug="source padding masked in the encoder but not in cross-attention",
     caught_by=("padding_probs_zero", "padding_invariance"),

@@ -1,5 +1,5 @@
 """Mutants of how a block is wired (section 3.1 and 5.4): the order of LayerNorm and residual, what each residual adds,
-what cross-attention reads, and on which sub-layer outputs dropout acts. Each is a near miss that every earlier property
+what cross-attention reads, and where dropout acts: on which sub-layer outputs, and not inside a sub-layer. Each is a near miss that every earlier property
 passed; a layer's class is swapped for a subclass whose forward differs in that one step, its parameters kept.
 """
 
@@ -9,9 +9,10 @@ import torch
 from torch import Tensor, nn
 
 from invariants.mutants.registry import register_mutant
-from model.attention import KVCache
+from invariants.mutants.stack import with_feed_forwards
+from model.attention import KVCache, MultiHeadAttention, explicit_attention
 from model.config import TransformerConfig
-from model.layers import DecoderLayer, EncoderLayer, Residual
+from model.layers import DecoderLayer, EncoderLayer, FeedForward, Residual
 from model.transformer import Parts, Transformer
 
 
@@ -112,7 +113,7 @@ class CrossAttentionReadsDecoder(Transformer):
 @register_mutant(
     "ffn_output_not_dropped",
     bug="no dropout on the feed-forward sub-layers' outputs",
-    caught_by=("dropout_every_sublayer",),
+    caught_by=("dropout_sites",),
     known_bug=False,
 )
 class FfnOutputNotDropped(Transformer):
@@ -132,7 +133,7 @@ class DroppedTwice(Residual):
 @register_mutant(
     "attention_output_dropped_twice",
     bug="attention sub-layer outputs dropped twice: in the attention module and again in the residual",
-    caught_by=("dropout_every_sublayer",),
+    caught_by=("dropout_sites",),
     known_bug=False,
 )
 class AttentionOutputDroppedTwice(Transformer):
@@ -142,3 +143,55 @@ class AttentionOutputDroppedTwice(Transformer):
             layer.res_attn = DroppedTwice(cfg, parts.norm, parts.dropout)
         for layer in self.decoder:
             layer.res_self, layer.res_cross = (DroppedTwice(cfg, parts.norm, parts.dropout) for _ in range(2))
+
+
+class ProbabilitiesDropped(MultiHeadAttention):
+    """Attention whose probabilities are dropped before they weight the values, as torch.nn's and the Annotated
+    Transformer's are; the captured probabilities are the undropped ones."""
+
+    def __init__(self, cfg: TransformerConfig, kind: str, layer: int) -> None:
+        super().__init__(cfg, kind, layer, self.attend_dropped)
+        self.probs_dropout = nn.Dropout(cfg.P_drop)
+
+    def attend_dropped(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, need_weights: bool):
+        probs = explicit_attention(q, k, v, allowed)[1]
+        return self.probs_dropout(probs) @ v, probs if need_weights else None
+
+
+@register_mutant(
+    "attention_probs_dropped",
+    bug="dropout on the attention probabilities, a site section 5.4 does not have",
+    caught_by=("dropout_sites",),
+    known_bug=False,
+)
+class AttentionProbsDropped(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        for i, layer in enumerate(self.encoder):
+            layer.self_attn = ProbabilitiesDropped(cfg, "encoder_self", i)
+        for i, layer in enumerate(self.decoder):
+            layer.self_attn = ProbabilitiesDropped(cfg, "decoder_self", i)
+            layer.cross_attn = ProbabilitiesDropped(cfg, "cross", i)
+
+
+class ActivationsDropped(FeedForward):
+    """FFN(x) = Dropout(max(0, x W1 + b1)) W2 + b2: a dropout between the ReLU and the second linear map."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__(cfg)
+        self.dropout = nn.Dropout(cfg.P_drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w_2(self.dropout(torch.relu(self.w_1(x))))
+
+
+@register_mutant(
+    "ffn_activations_dropped",
+    bug="dropout between the feed-forward networks' ReLU and their second linear map, a site section 5.4 does not have",
+    caught_by=("dropout_sites",),
+    known_bug=False,
+)
+class FfnActivationsDropped(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        with_feed_forwards(self, lambda: ActivationsDropped(cfg))

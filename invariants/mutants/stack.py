@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -152,11 +154,26 @@ class CrossAttentionWithoutResidual(Transformer):
             layer.res_cross = NoResidual(cfg, parts.norm, parts.dropout)
 
 
-class LinearFeedForward(FeedForward):
-    """FFN(x) = (x W1 + b1) W2 + b2: eq. (2) without its ReLU, as when the activation is left out of a Sequential."""
+class OtherActivation(FeedForward):
+    """FFN(x) = f(x W1 + b1) W2 + b2 with another f where eq. (2) has max(0, z)."""
+
+    def __init__(self, cfg: TransformerConfig, activation: Callable[[Tensor], Tensor]) -> None:
+        super().__init__(cfg)
+        self.activation = activation
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w_2(self.w_1(x))
+        return self.w_2(self.activation(self.w_1(x)))
+
+
+def with_feed_forwards(model: Transformer, make: Callable[[], nn.Module], decoder_only: bool = False) -> None:
+    """Replace the FFN of every layer (of the decoder's only, with decoder_only) by a new make()."""
+    for layer in [*([] if decoder_only else model.encoder), *model.decoder]:
+        layer.ffn = make()
+
+
+def identity(x: Tensor) -> Tensor:
+    """No activation, as when it is left out of a Sequential: FFN(x) = (x W1 + b1) W2 + b2."""
+    return x
 
 
 @register_mutant(
@@ -168,8 +185,7 @@ class LinearFeedForward(FeedForward):
 class FfnWithoutRelu(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)
-        for layer in [*self.encoder, *self.decoder]:
-            layer.ffn = LinearFeedForward(cfg)
+        with_feed_forwards(self, lambda: OtherActivation(cfg, identity))
 
 
 @register_mutant(
@@ -181,8 +197,33 @@ class FfnWithoutRelu(Transformer):
 class DecoderFfnWithoutRelu(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)
-        for layer in self.decoder:
-            layer.ffn = LinearFeedForward(cfg)
+        with_feed_forwards(self, lambda: OtherActivation(cfg, identity), decoder_only=True)
+
+
+@register_mutant(
+    "ffn_gelu",
+    bug="feed-forward networks with GELU (BERT's and GPT's activation) in place of eq. (2)'s ReLU",
+    caught_by=("ffn_relu",),
+    known_bug=False,
+)
+class FfnGelu(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        with_feed_forwards(self, lambda: OtherActivation(cfg, F.gelu))
+
+
+@register_mutant(
+    "ffn_leaky_relu",
+    bug="feed-forward networks with a leaky ReLU (slope 0.01 below 0) in place of eq. (2)'s ReLU",
+    caught_by=("ffn_relu",),
+    known_bug=False,
+)
+class FfnLeakyRelu(Transformer):
+    """Positively homogeneous like ReLU, but not 0 below 0."""
+
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        with_feed_forwards(self, lambda: OtherActivation(cfg, F.leaky_relu))
 
 
 @register_mutant(

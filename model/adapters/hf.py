@@ -1,7 +1,8 @@
 """HuggingFace encoder-decoders behind the protocol: `hf-marian`, `hf-bart` and `hf:PATH` (needs `pip install .[hf]`).
 
 `hf-marian` and `hf-bart` are MarianMT and BART initialised at random from a config built from the spec's
-TransformerConfig (`hf-marian,N=2,d_model=64` works); `hf:PATH` loads a folder written by `save_pretrained`
+TransformerConfig (`hf-marian,N=2,d_model=64` works), with the paper's ReLU and dropout sites where HF's defaults
+differ (GELU); `hf:PATH` loads a folder written by `save_pretrained`
 (or a hub name already in the local cache: nothing is downloaded). Overrides on `hf:PATH` build a random
 model of the same family and config with those fields changed, which is what the suite's small drawn
 configs do. Every capability is real: the KV cache is HF's past_key_values, attention capture runs the
@@ -34,6 +35,9 @@ from model.registry import register_model  # noqa: E402
 
 transformers.logging.set_verbosity_error()  # no notes about tied weights or SDPA fallbacks in the suite's output
 FAMILIES = {"marian": (MarianConfig, MarianMTModel), "bart": (BartConfig, BartForConditionalGeneration)}
+# The paper's sub-layers where HF's configs default otherwise (both use GELU): eq. (2)'s ReLU, and dropout only where
+# section 5.4 puts it, none on attention probabilities or FFN activations. A saved model (hf:PATH) keeps its own.
+PAPER = dict(activation_function="relu", attention_dropout=0.0, activation_dropout=0.0)
 # Marian's decoder multiplies inputs_embeds by sqrt(d_model) again (its encoder does not); BART scales in the lookup.
 DECODER_RESCALES_EMBEDS = {"marian": True, "bart": False}
 
@@ -183,7 +187,8 @@ class HFSeq2Seq(nn.Module):
 
 
 def hf_config(family: str, cfg: TransformerConfig, base: dict | None = None):
-    """The HF config of `family` for cfg (on top of a saved config's other fields, if given)."""
+    """The HF config of `family` for cfg, on top of a saved config's other fields if given, else of the paper's
+    activation and dropout sites (`PAPER`)."""
     if cfg.h * cfg.d_k != cfg.d_model or cfg.h * cfg.d_v != cfg.d_model:
         raise ValueError(
             f"hf-{family} needs h*d_k == h*d_v == d_model (its heads split d_model); "
@@ -207,9 +212,6 @@ def hf_config(family: str, cfg: TransformerConfig, base: dict | None = None):
         decoder_ffn_dim=cfg.d_ff,
         max_position_embeddings=cfg.max_len,
         dropout=cfg.P_drop,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        activation_function="relu",
         pad_token_id=cfg.pad_id,
         decoder_start_token_id=cfg.pad_id,
         bos_token_id=min(1, cfg.vocab_size - 1),
@@ -221,7 +223,7 @@ def hf_config(family: str, cfg: TransformerConfig, base: dict | None = None):
     if family == "marian":
         fields.update(share_encoder_decoder_embeddings=cfg.share_embeddings, decoder_vocab_size=cfg.vocab_size)
     config_class, _ = FAMILIES[family]
-    return config_class(**{**(base or {}), **fields}, attn_implementation="sdpa")
+    return config_class(**{**PAPER, **(base or {}), **fields}, attn_implementation="sdpa")
 
 
 def random_model(family: str, cfg: TransformerConfig, base: dict | None = None) -> HFSeq2Seq:

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from invariants.__main__ import main
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 SMALL = "N=1,d_model=16,h=2,d_k=8,d_v=8,d_ff=32,vocab_size=50"
@@ -102,3 +103,27 @@ def test_a_report_folder_it_cannot_write_is_one_line_before_any_check_runs(tmp_p
     assert capsys.readouterr().err.startswith(
         f"error: --out {blocker / 'reports'}: cannot write there ({blocker} is not a writable folder)"
     )
+
+
+def test_the_invariants_dependency_group_pins_what_the_package_and_its_extras_pin():
+    tomllib = pytest.importorskip("tomllib")
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    listed = [*project["dependencies"], *(pin for pins in project["optional-dependencies"].values() for pin in pins)]
+    pins = dict(pin.split("==") for pin in listed if "==" in pin)
+    group = dict(pin.split("==") for pin in pyproject["dependency-groups"]["invariants"])
+    assert group and all(pins[name] == version for name, version in group.items())
+
+
+def test_the_checks_import_nothing_beyond_the_invariants_dependency_group(tmp_path):
+    # nox -s invariants installs only that group: a check importing the ablations' or the tests' libraries breaks it.
+    code = (
+        "import sys\nfrom invariants.__main__ import main\n"
+        f"main(['--model', 'reference,{SMALL}', '--only', 'causal_future_tokens,ffn_relu', '--out', {str(tmp_path)!r}])\n"
+        "print(' '.join(sorted({name.split('.')[0] for name in sys.modules})))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    loaded = set(proc.stdout.split("\n")[-2].split())
+    assert "torch" in loaded and "hypothesis" in loaded, proc.stderr[-2000:]
+    elsewhere = {"pandas", "matplotlib", "seaborn", "sacrebleu", "sentencepiece", "jinja2", "transformers", "pytest"}
+    assert not loaded & (elsewhere | {"submitit"})

@@ -6,12 +6,13 @@ import sys
 import pytest
 import torch
 
-from invariants import pe_exact_values, pe_relative_linearity, run_suite
+from invariants import ffn_relu, pe_exact_values, pe_relative_linearity, run_suite
 from invariants.engine import FAIL, NOT_APPLICABLE, PASS
 from model import SpecError, load_model
 from tests.helpers import few
 
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
+BartConfig, BartForConditionalGeneration = transformers.BartConfig, transformers.BartForConditionalGeneration
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 SMALL = "N=2,d_model=32,h=4,d_k=8,d_v=8,d_ff=64,vocab_size=60"
 
@@ -44,6 +45,23 @@ def test_a_model_saved_with_save_pretrained_loads_as_hf_path(tmp_path):
     assert torch.equal(loaded(src, tgt, *pads), original.eval()(src, tgt, *pads))
     assert pe_relative_linearity(f"hf:{tmp_path}", settings=few(2)).verdict == PASS
     assert pe_exact_values(f"hf:{tmp_path}", settings=few(2)).verdict == FAIL
+
+
+def test_the_hf_specs_build_the_papers_relu_and_dropout_sites_where_hf_defaults_to_gelu():
+    for spec in ("hf-marian", "hf-bart"):
+        config = load_model(f"{spec},{SMALL}").hf.config
+        assert (config.activation_function, config.attention_dropout, config.activation_dropout) == ("relu", 0.0, 0.0)
+
+
+def test_a_saved_bart_with_hfs_default_gelu_fails_ffn_relu_a_true_deviation_from_eq_2(tmp_path):
+    config = BartConfig(
+        vocab_size=60, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=0,
+    )  # fmt: skip
+    assert config.activation_function == "gelu"
+    BartForConditionalGeneration(config).save_pretrained(tmp_path)
+    result = ffn_relu(f"hf:{tmp_path}", settings=few(2))
+    assert result.verdict == FAIL and "not positively homogeneous" in result.reason
 
 
 @pytest.mark.parametrize(

@@ -53,12 +53,12 @@ def test_reference_model_passes_every_invariant():
 
 def test_torch_nn_transformer_gets_its_documented_verdicts():
     # Real findings about torch.nn.Transformer 2.13 (docs/invariants.md, "Findings on real models"): no KV cache,
-    # rows B1/B2 unbuildable, and a fully padded source or target row gives NaN logits and gradients when attention
-    # weights are requested.
+    # rows B1/B2 unbuildable, a fully padded source or target row gives NaN logits and gradients when attention
+    # weights are requested, and its one dropout rate also drops attention probabilities and FFN activations.
     # A user observes these NaNs (in the loss's gradients), so they are judged, unlike the dead rows' own values.
     results = run_suite(f"torch-nn,{SMALL}", settings=few(EXAMPLES))
     expected = {r.name: PASS for r in results}
-    expected.update(cached_decoding=NOT_APPLICABLE, fully_padded_rows=FAIL)
+    expected.update(cached_decoding=NOT_APPLICABLE, fully_padded_rows=FAIL, dropout_sites=FAIL)
     assert verdicts(results) == expected
     by_name = {r.name: r for r in results}
     assert "no incremental decoding" in by_name["cached_decoding"].reason
@@ -67,6 +67,9 @@ def test_torch_nn_transformer_gets_its_documented_verdicts():
     )
     assert "attention probabilities requested" in by_name["fully_padded_rows"].reason
     assert "B1" in by_name["params_table3"].reason and "B2" in by_name["params_table3"].reason
+    assert (
+        "0.0% as computed" in by_name["dropout_sites"].reason and "inside attention" in by_name["dropout_sites"].reason
+    )
 
 
 def test_torch_nn_keeps_fully_padded_rows_finite_when_no_attention_weights_are_requested():
