@@ -197,10 +197,10 @@ def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
     if device.type == "cpu" and (args.compile or args.sdpa_backend not in (None, "default")):
         flag = "--compile" if args.compile else f"--sdpa-backend {args.sdpa_backend}"
         raise ValueError(f"{flag}: used on a GPU only (the CPU runs eager, in fp32); leave it out with --device cpu")
-    data, runs, preset = data_dir(args.data), Path(args.runs), args.preset or b.preset
+    spec, preset = parse_spec(args.model), args.preset or b.preset
+    check_model(spec, b, preset)  # a bad model is named whether or not the data folder is there
+    data, runs = data_dir(args.data), Path(args.runs)
     check_runs_folder(runs)
-    spec = parse_spec(args.model)
-    check_model(spec, b, preset)
     return RunOptions(
         b,
         tuple(rows),
