@@ -2,6 +2,9 @@
 no modules import each other in a cycle."""
 
 import ast
+import importlib.util
+import subprocess
+import sys
 import re
 from pathlib import Path
 
@@ -199,3 +202,16 @@ def spelled(module: str, text: str) -> bool:
 @pytest.mark.parametrize("name", RUN_FILES)
 def test_a_run_folders_file_is_named_in_one_place(name):
     assert [m for m in MODULES if spelled(m, name)] == ["ablations.runs.folder"]
+
+
+def test_a_module_run_by_its_old_path_names_its_new_one():
+    import ablations
+
+    for old, new in ablations.MOVED.items():
+        assert importlib.util.find_spec(new) is not None, f"{old} moved to {new}, which does not exist"
+    ran = subprocess.run(
+        [sys.executable, "-m", "ablations.compare", "--rows", "base"], cwd=REPO, capture_output=True, text=True
+    )
+    assert (
+        ran.returncode == 1 and ran.stderr.strip() == "ablations.compare has moved: python -m ablations.studies.compare"
+    )
