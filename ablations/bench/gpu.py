@@ -34,6 +34,7 @@ from ablations.bench.gpu_timing import (
 )
 from ablations.bench.measure import fixed_length_sources
 from ablations.bench.report import machine, output_path, shown_args
+from ablations.bench.shapes import stream_shapes
 from ablations.data.batching import BatchStream
 from ablations.data.corpora import data_dir
 from ablations.grid.runner import PreparedData, describe_device, peak_flops, prepare_data
@@ -171,9 +172,8 @@ def batches_of(size: str, data: PreparedData, o: BenchOptions) -> tuple[list, di
         "vocab": data.sp.get_piece_size(),
         "batch_tokens": tokens,
         "pad_multiple": pad,
-        "shapes": len({(tuple(x.src.shape), tuple(x.tgt.shape)) for x in timed}),
+        **stream_shapes(timed),
         "mean_tgt_tokens": sum(x.tgt_tokens for x in timed) / len(timed),
-        "tgt_real_share": sum(x.tgt_tokens for x in timed) / sum(x.labels.numel() for x in timed),
     }
     batches = [x.to(o.device) for x in batches]
     for x in batches:  # counted now: the first step to read them would otherwise wait for the GPU

@@ -33,12 +33,12 @@ import torch
 from tqdm.auto import tqdm
 
 from ablations.bench.gpu_report import decoding_table, training_table
-from ablations.bench.gpu_timing import percentiles
 from ablations.bench.report import machine, output_path, shown_args
 from ablations.data.corpora import data_dir
 from ablations.grid.runner import describe_device
 from ablations.runs import folder as R
 from ablations.runs.options import FORESEEN, OneLineParser, failed, resolve_device
+from ablations.training.clock import percentiles
 from ablations.training.stopping import stops_cleanly
 from model.files import write_atomic
 
@@ -191,7 +191,7 @@ def runner_lines(runs: Path, budget: str, row: str) -> list[str]:
     if steps:
         lines.append(
             f"per step (the runner's own step_s_p50 / step_s_max per window): median of the windows' p50 "
-            f"{sorted(m['step_s_p50'] for m in steps)[len(steps) // 2] * 1e3:.1f} ms, longest step "
+            f"{percentiles([m['step_s_p50'] for m in steps])['p50'] * 1e3:.1f} ms, longest step "
             f"{max(m['step_s_max'] for m in steps) * 1e3:.1f} ms, compiling {sum(m.get('compile_s') or 0 for m in steps):.1f} s"
         )
     else:

@@ -68,8 +68,8 @@ def batches_line(about: dict) -> str:
         f"{about['size']}: real {about['preset']} training batches (its budget's data and {about['vocab']}-token BPE) "
         f"of at most {about['batch_tokens']} positions per side, padded to multiples of {about['pad_multiple']}; the "
         f"{about['timed_reps']} timed repetitions' batches hold {about['shapes']} distinct shapes, "
-        f"{about['mean_tgt_tokens']:,.0f} real target tokens on average, {about['tgt_real_share']:.0%} of target "
-        "positions real."
+        f"{about['mean_tgt_tokens']:,.0f} real target tokens on average; padding is {about['padding']:.0%} of their "
+        "positions."
     )
 
 

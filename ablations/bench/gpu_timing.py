@@ -10,7 +10,6 @@ unsupported, and the others go on.
 
 from __future__ import annotations
 
-import math
 import signal
 import statistics
 import threading
@@ -28,6 +27,7 @@ from ablations.bench.variants import VARIANTS
 from ablations.data.bpe import PAD
 from ablations.scoring.decoding import beam_search
 from ablations.training.backends import sdpa_backend
+from ablations.training.clock import percentiles
 from ablations.training.compiling import compile_model, compiles
 from ablations.training.train import make_optimizer, train_step
 from model import Transformer, TransformerConfig, count_parameters
@@ -96,14 +96,6 @@ class Entry:
     flops: float = 0.0  # model FLOPs of the steps in `times`
     tgt_tokens: int = 0  # real (non-pad) target tokens of the steps in `times`
     peak_bytes: int = 0  # the GPU memory its steps held at most
-
-
-def percentiles(times: list[float]) -> dict[str, float | None]:
-    """Median, 99th percentile (nearest rank: the largest of fewer than 100 times) and largest of `times`."""
-    if not times:
-        return {"p50": None, "p99": None, "max": None}
-    ordered = sorted(times)
-    return {"p50": statistics.median(ordered), "p99": ordered[math.ceil(0.99 * len(ordered)) - 1], "max": ordered[-1]}
 
 
 def one_line(exc: BaseException) -> str:

@@ -182,7 +182,8 @@ def claim_and_run(
             return done, False
         if main:
             prepare_directory(run)
-        return train_and_score(grid, run, data, on_step), True
+        with sdpa_backend(run.settings.sdpa_backend):  # the attention kernel of the run's training and scoring
+            return train_and_score(grid, run, data, on_step), True
 
 
 def prepare_directory(run: R.Run) -> None:
@@ -228,58 +229,55 @@ def train_and_score(grid: Grid, run: R.Run, data: PreparedData, on_step: Callabl
         "config": cfg.to_dict(),
     }
     try:
-        with sdpa_backend(settings.sdpa_backend):  # training and scoring alike
-            torch.manual_seed(run.seed)
-            model = load_model(grid.model_spec.with_config(cfg)).to(grid.device)
-            counts = count_parameters(model.parameter_groups())
-            final["params"] = counts["total"]
-            stream = BatchStream(
-                data.train_src, data.train_tgt, settings.micro_tokens, run.seed, pad_multiple=settings.pad_multiple
-            )
-            state = train(model, run, stream, (data.dev_src, data.dev_tgt), grid.device, on_step, grid.ranks)
-            if not grid.ranks.main:
-                return "trained"
-            final.update(
-                steps=state.step,
-                tokens_seen=state.tokens_seen,
-                wall_s=state.wall_s,
-                compile_s=state.compile_s,
-                compiles=state.compiles,
-                tokens_per_s=state.tokens_seen / state.wall_s if state.wall_s else None,
-            )
-            peak = peak_flops(grid.device)
-            if final["tokens_per_s"]:  # about half the tokens are source, half target; tokens/s of all ranks
-                half = final["tokens_per_s"] / 2
-                if peak:
-                    final["mfu"] = training_flops(cfg, counts, half, half) / (peak * grid.ranks.world)
-                # What this machine's fp32 GEMMs reach now, on this process's threads: the step's share of it.
-                final["gemm_fraction"] = throughput(cfg, counts, half, half, 1.0, gemm_flops(grid.device))[
-                    "gemm_fraction"
-                ]
-            started = time.perf_counter()
-            final["dev_ppl"] = perplexity(
-                model, data.dev_src, data.dev_tgt, grid.device, settings.micro_tokens, settings.autocast, progress=label
-            )
-            scores = dev_bleu(
-                model,
-                data.sp,
-                data.dev_src,
-                data.dev_refs,
-                grid.device,
-                settings.beam,
-                settings.alpha,
-                settings.extra_len,
-                settings.autocast,
-                max_tokens=settings.micro_tokens,
-                progress=label,
-            )
-            final.update(
-                bleu=scores.bleu,
-                bleu_tokenized=scores.bleu_tokenized,
-                sacrebleu_signature=scores.signature,
-                eval_s=time.perf_counter() - started,
-            )
-            write_atomic(directory / R.HYPOTHESES, "".join(h + "\n" for h in scores.hypotheses))
+        torch.manual_seed(run.seed)
+        model = load_model(grid.model_spec.with_config(cfg)).to(grid.device)
+        counts = count_parameters(model.parameter_groups())
+        final["params"] = counts["total"]
+        stream = BatchStream(
+            data.train_src, data.train_tgt, settings.micro_tokens, run.seed, pad_multiple=settings.pad_multiple
+        )
+        state = train(model, run, stream, (data.dev_src, data.dev_tgt), grid.device, on_step, grid.ranks)
+        if not grid.ranks.main:
+            return "trained"
+        final.update(
+            steps=state.step,
+            tokens_seen=state.tokens_seen,
+            wall_s=state.wall_s,
+            compile_s=state.compile_s,
+            compiles=state.compiles,
+            tokens_per_s=state.tokens_seen / state.wall_s if state.wall_s else None,
+        )
+        peak = peak_flops(grid.device)
+        if final["tokens_per_s"]:  # about half the tokens are source, half target; tokens/s of all ranks
+            half = final["tokens_per_s"] / 2
+            if peak:
+                final["mfu"] = training_flops(cfg, counts, half, half) / (peak * grid.ranks.world)
+            # What this machine's fp32 GEMMs reach now, on this process's threads: the step's share of it.
+            final["gemm_fraction"] = throughput(cfg, counts, half, half, 1.0, gemm_flops(grid.device))["gemm_fraction"]
+        started = time.perf_counter()
+        final["dev_ppl"] = perplexity(
+            model, data.dev_src, data.dev_tgt, grid.device, settings.micro_tokens, settings.autocast, progress=label
+        )
+        scores = dev_bleu(
+            model,
+            data.sp,
+            data.dev_src,
+            data.dev_refs,
+            grid.device,
+            settings.beam,
+            settings.alpha,
+            settings.extra_len,
+            settings.autocast,
+            max_tokens=settings.micro_tokens,
+            progress=label,
+        )
+        final.update(
+            bleu=scores.bleu,
+            bleu_tokenized=scores.bleu_tokenized,
+            sacrebleu_signature=scores.signature,
+            eval_s=time.perf_counter() - started,
+        )
+        write_atomic(directory / R.HYPOTHESES, "".join(h + "\n" for h in scores.hypotheses))
     except Diverged as exc:  # every rank sees the same (summed) loss, so all ranks stop here together
         final.update(status="diverged", error=str(exc), steps=exc.step)
     except StorageError:  # the disk, not the run: nothing to record (it could not be written), the grid stops

@@ -8,11 +8,21 @@ kept apart, so that compile time is reported beside step time, not inside it.
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from itertools import pairwise
 
 import torch
+
+
+def percentiles(times: list[float]) -> dict[str, float | None]:
+    """Median, 99th percentile (nearest rank: the largest of fewer than 100 times) and largest of `times`."""
+    if not times:
+        return {"p50": None, "p99": None, "max": None}
+    ordered = sorted(times)
+    return {"p50": statistics.median(ordered), "p99": ordered[math.ceil(0.99 * len(ordered)) - 1], "max": ordered[-1]}
 
 
 @dataclass
@@ -28,12 +38,11 @@ class Laps:
 
     def summary(self, tokens: int) -> dict[str, float | None]:
         """A logged window's rate and its steps' median and longest time (steps that compiled counted apart)."""
-        seconds = sum(self.steps) + sum(self.compiling)
-        ordered = sorted(self.steps)
+        seconds, spread = sum(self.steps) + sum(self.compiling), percentiles(self.steps)
         return {
             "tokens_per_s": tokens / seconds if seconds else None,
-            "step_s_p50": ordered[len(ordered) // 2] if ordered else None,
-            "step_s_max": ordered[-1] if ordered else None,
+            "step_s_p50": spread["p50"],
+            "step_s_max": spread["max"],
             "compile_s": sum(self.compiling),
         }
 

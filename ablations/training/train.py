@@ -18,7 +18,6 @@ import math
 import sys
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
-from dataclasses import replace as replace_fields
 from pathlib import Path
 from typing import Callable
 
@@ -207,13 +206,11 @@ def resume(
     return TrainState()
 
 
-def timed(state: TrainState, laps: Laps, window: Laps) -> TrainState:
-    """The progress with the step times just read added to its clock, and to the window being logged."""
+def add_times(state: TrainState, laps: Laps, window: Laps) -> None:
+    """Add the step times just read to the run's clock and to the window being logged."""
     window.add(laps)
-    compiling = sum(laps.compiling)
-    return replace_fields(
-        state, wall_s=state.wall_s + sum(laps.steps) + compiling, compile_s=state.compile_s + compiling
-    )
+    state.wall_s += sum(laps.steps) + sum(laps.compiling)
+    state.compile_s += sum(laps.compiling)
 
 
 def train(
@@ -269,8 +266,9 @@ def train(
                     sum(b.tgt_tokens for b in micro),
                     ranks,
                 )
-                clock.lap(compiled=compiles() > graphs)
-                state.compiles += compiles() - graphs
+                compiled = compiles() - graphs
+                clock.lap(compiled=compiled > 0)
+                state.compiles += compiled
                 tokens = sum(b.src_tokens + b.tgt_tokens for b in micro)
                 state.step, state.tokens_seen = state.step + 1, state.tokens_seen + tokens
                 state.epoch, state.index = stream.epoch, stream.index
@@ -280,7 +278,7 @@ def train(
                 # The loss and the step times are read back (a wait for the GPU) only where they are logged or saved.
                 loss = step_loss.item() if logged or saved else 0.0
                 if logged or saved:
-                    state = timed(state, clock.read(), window)
+                    add_times(state, clock.read(), window)
                 diverged = not math.isfinite(loss) or loss > DIVERGED_LOSS * math.log(vocab)
                 if ranks.main and (diverged or logged):
                     record = {"step": state.step, "loss": loss, "lr": lr, **window.summary(window_tokens)}
@@ -301,7 +299,7 @@ def train(
             signum = first_signal(stopping.requested(), ranks, device)  # every rank stops after the same step
             if signum:
                 if ranks.main and not saved:
-                    state = timed(state, clock.read(), window)
+                    add_times(state, clock.read(), window)
                     save_checkpoint(run_dir / CHECKPOINT, model, optimizer, state, run_id)
                 raise stopping.Stopped(signum, f"{label} at step {state.step}, checkpoint saved")
             bar.update(1)
