@@ -5,7 +5,7 @@ Four parts, each a process of its own under its own time limit, each reported wh
     bench     the GPU benchmark at the base size, a few repetitions (python -m ablations.bench.gpu)     160 s
     runner    300 steps of the short budget's base row through the runner, step times from its logs      180 s
     torchrun  the smoke budget's row D1 data-parallel over one process (torch.distributed.run)           60 s
-    tests     the test suite, python -m pytest -x -q tests (how far it got, if not to the end)            70 s
+    tests     the test suite, python -m pytest -q tests: its failures by name, and how far it got        70 s
 
 470 s in all, with the check's own start and report inside the 8 minutes. `--device cpu --quick` runs the same
 parts at tiny sizes on the CPU in under a minute (the tests' check of this code). Writes reports/gpu-check.md and
@@ -56,6 +56,7 @@ class Part:
     command: tuple[str, ...]
     limit_s: int
     skip: str = ""  # why it does not run ('': it runs)
+    stop_with: signal.Signals = signal.SIGTERM  # sent GRACE_S before the limit; SIGKILL follows at it
 
 
 @dataclass(frozen=True)
@@ -114,13 +115,14 @@ def plan(o: CheckOptions) -> list[Part]:
             limits["torchrun"],
             distributed,
         ),
-        Part("tests", "the test suite", (py, "-m", "pytest", *o.pytest_args), limits["tests"]),
+        # SIGINT: pytest stops as on Ctrl-C and still prints its summary, the failures so far by name.
+        Part("tests", "the test suite", (py, "-m", "pytest", *o.pytest_args), limits["tests"], "", signal.SIGINT),
     ]
 
 
-def stop(process: subprocess.Popen) -> None:
-    """End the part's process and its children (its own session): SIGTERM, then SIGKILL after GRACE_S."""
-    for signum in (signal.SIGTERM, signal.SIGKILL):
+def stop(process: subprocess.Popen, first: signal.Signals = signal.SIGTERM) -> None:
+    """End the part's process and its children (its own session): `first`, then SIGKILL after GRACE_S."""
+    for signum in (first, signal.SIGKILL):
         try:
             os.killpg(process.pid, signum)
             process.wait(timeout=GRACE_S)
@@ -150,7 +152,7 @@ def run_part(part: Part, log: Path) -> tuple[str, float]:
             result = f"timed out at its limit of {part.limit_s} s"
         finally:
             if process.poll() is None:  # timed out, or this check was stopped: its parts stop too
-                stop(process)
+                stop(process, part.stop_with)
     return result, time.perf_counter() - started
 
 
@@ -212,16 +214,19 @@ def bench_lines(report: Path) -> list[str]:
     ]
 
 
-def tests_lines(log: Path) -> list[str]:
-    """pytest's closing line, or how far its progress got."""
+def tests_lines(log: Path, shown: int = 30) -> list[str]:
+    """pytest's closing line (or how far its progress got), then each failed or erring test by name."""
     text = log.read_text(errors="replace") if log.is_file() else ""
     closing = [line for line in text.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
     progress = re.findall(r"\[\s*(\d+)%\]", text)
-    return (
+    lines = (
         [closing[-1].strip("= ")]
         if closing
         else [f"progress {progress[-1]}% of the collected tests" if progress else "no test result"]
     )
+    broken = re.findall(r"^((?:FAILED|ERROR) \S+)", text, flags=re.M)
+    lines += broken[:shown] + ([f"and {len(broken) - shown} more"] if len(broken) > shown else [])
+    return lines
 
 
 def measured(part: Part, o: CheckOptions, log: Path) -> list[str]:
@@ -307,7 +312,7 @@ def parse(argv: list[str]) -> CheckOptions:
     p.add_argument("--quick", action="store_true", help="tiny sizes, the smoke budget, few steps: under a minute")
     p.add_argument(
         "--pytest-args",
-        help="the tests part's arguments (default: -x -q tests, with -n 8 where pytest-xdist is installed; "
+        help="the tests part's arguments (default: -q tests, with -n 8 where pytest-xdist is installed; "
         "--quick: one small file)",
     )
     p.add_argument("--work", help="keep the parts' logs and runs in this folder (default: a temporary one)")
@@ -321,7 +326,7 @@ def parse(argv: list[str]) -> CheckOptions:
         raise ValueError(f"--device {a.device}: the full check needs a GPU; add --quick for its CPU version")
     data, out = data_dir(a.data).resolve(), output_path(a.out).resolve()
     spread = " -n 8" if importlib.util.find_spec("xdist") else ""  # pytest-xdist, where installed: 8 of the cores
-    default = "-x -q tests/test_layering.py" if a.quick else f"-x -q{spread} tests"
+    default = "-q tests/test_layering.py" if a.quick else f"-q{spread} tests"
     pytest_args = tuple(shlex.split(a.pytest_args or default))
     try:
         work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="gpu-check-"))

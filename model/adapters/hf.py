@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from contextlib import AbstractContextManager, contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download at run time
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -45,19 +45,32 @@ DECODER_RESCALES_EMBEDS = {"marian": True, "bart": False}
 def _remember_marian_tables() -> None:
     """Marian fills its sinusoid table in a Python loop (seconds at 1024 x 512) on every build; the Table 3 checks
     build dozens. Keep what Marian's own code computed per shape and copy it into later builds of that shape."""
-    compute = MarianSinusoidalPositionalEmbedding._init_weight
+    cls = MarianSinusoidalPositionalEmbedding
     tables: dict[tuple[int, int, torch.dtype], Tensor] = {}
 
-    def init_weight(self: MarianSinusoidalPositionalEmbedding) -> None:
+    def computed(self: MarianSinusoidalPositionalEmbedding, compute: Callable[[], Tensor]) -> Tensor:
         key = (*self.weight.shape, self.weight.dtype)
         if key not in tables:
-            with torch.device("cpu"):
-                probe = nn.Embedding(*key[:2], dtype=key[2])
-                compute(probe)
-            tables[key] = probe.weight.detach()
-        self.weight = nn.Parameter(torch.empty_like(self.weight).copy_(tables[key]), requires_grad=False)
+            tables[key] = compute().detach().cpu()
+        return tables[key]
 
-    MarianSinusoidalPositionalEmbedding._init_weight = init_weight
+    if hasattr(cls, "create_weight"):  # transformers 5: the method returns the table
+        create = cls.create_weight
+        cls.create_weight = lambda self: computed(self, lambda: create(self)).clone()
+        return
+    fill = cls._init_weight  # transformers 4: the method fills self.weight in place
+
+    def init_weight(self: MarianSinusoidalPositionalEmbedding) -> None:
+        def compute() -> Tensor:
+            with torch.device("cpu"):
+                probe = nn.Embedding(*self.weight.shape, dtype=self.weight.dtype)
+                fill(probe)
+            return probe.weight
+
+        table = computed(self, compute)
+        self.weight = nn.Parameter(torch.empty_like(self.weight).copy_(table), requires_grad=False)
+
+    cls._init_weight = init_weight
 
 
 _remember_marian_tables()

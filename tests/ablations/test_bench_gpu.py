@@ -1,6 +1,7 @@
 """The GPU benchmark and the GPU check, on the CPU: what they report and how they fail (no GPU here, so no speed is
 asserted; the same code runs with --device cuda on one)."""
 
+import dataclasses
 import json
 import sys
 import time
@@ -141,6 +142,21 @@ def test_the_check_writes_its_report_and_a_failing_part_stops_no_other(tmp_path)
     assert "| bench | fails | 30 s | failed (exit 3) |" in text and "| tests | passes | 30 s | passed |" in text
     assert "- no readable report (FileNotFoundError)" in text and "- no run folder was written" in text
     assert len(json.loads((tmp_path / "gpu-check.json").read_text())["parts"]) == 4
+
+
+def test_the_tests_part_stopped_at_its_limit_still_names_the_tests_that_failed_before(tmp_path):
+    (tmp_path / "test_some.py").write_text(
+        "import time\n\ndef test_breaks():\n    assert False\n\ndef test_hangs():\n    time.sleep(60)\n"
+    )
+    pytest_args = ("-q", "-p", "no:cacheprovider", str(tmp_path / "test_some.py"))
+    options = CheckOptions("cpu", True, tmp_path, tmp_path, True, tmp_path / "gpu-check.md", pytest_args, "--quick")
+    tests = next(part for part in gpu_check.plan(options) if part.name == "tests")
+    meta = {**gpu_check.machine(), "device": "cpu", "python": "3", "transformers": "-", "args": "--quick"}
+    (outcome,) = check(options, [dataclasses.replace(tests, limit_s=gpu_check.GRACE_S + 4)], meta)
+    assert outcome.result == f"timed out at its limit of {gpu_check.GRACE_S + 4} s"
+    assert "1 failed" in outcome.lines[0]
+    assert outcome.lines[1].startswith("FAILED ") and outcome.lines[1].endswith("test_some.py::test_breaks")
+    assert len(outcome.lines) == 2
 
 
 @needs_data
