@@ -62,12 +62,20 @@ PROPERTIES: list[Property] = [
     cross_attention.source_reaches_logits,
 ]
 BY_NAME = {p.name: p for p in PROPERTIES}
+# Names that older reports and replay lines give, and what became of them.
+RETIRED = {
+    "dropout_every_sublayer": "renamed dropout_sites (dropout at the sites of section 5.4, and none elsewhere)",
+    "lr_schedule": "not a property of the model: eq. (3) is the trainer's, checked by the harness's own tests",
+}
 
 
 def select(names: list[str] | None) -> list[Property]:
     """The named properties (all when names is empty); an unknown name is a ValueError listing the valid ones."""
     if not names:
         return PROPERTIES
+    retired = [f"{n}: {RETIRED[n]}" for n in names if n in RETIRED]
+    if retired:
+        raise ValueError("; ".join(retired))
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         raise ValueError(

@@ -68,6 +68,8 @@ def test_strict_makes_not_applicable_exit_1_and_the_summary_line_says_why(tmp_pa
     [
         (["--model", "nope"], "unknown model 'nope'"),
         (["--only", "no_such_property"], "unknown property no_such_property; valid: causal_future_tokens"),
+        (["--only", "dropout_every_sublayer"], "dropout_every_sublayer: renamed dropout_sites"),
+        (["--only", "lr_schedule"], "lr_schedule: not a property of the model: eq. (3) is the trainer's"),
         (["--replay", "garbage", "--only", "params_base"], "is not a line @reproduce_failure"),
         (["--seed", "3", "--profile", "ci"], "--seed has no effect under the derandomized profile ci"),
     ],
