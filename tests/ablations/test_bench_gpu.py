@@ -24,6 +24,7 @@ from ablations.bench.gpu_timing import (
 )
 from ablations.data.batching import make_batch
 from ablations.runs import folder as R
+from ablations.training.stopping import graceful_stops
 from model import TransformerConfig
 from tests.helpers import REAL_DATA, needs_data
 
@@ -152,7 +153,8 @@ def test_the_tests_part_stopped_at_its_limit_still_names_the_tests_that_failed_b
     options = CheckOptions("cpu", True, tmp_path, tmp_path, True, tmp_path / "gpu-check.md", pytest_args, "--quick")
     tests = next(part for part in gpu_check.plan(options) if part.name == "tests")
     meta = {**gpu_check.machine(), "device": "cpu", "python": "3", "transformers": "-", "args": "--quick"}
-    (outcome,) = check(options, [dataclasses.replace(tests, limit_s=gpu_check.GRACE_S + 4)], meta)
+    with graceful_stops():  # as main runs it: its parts take SIGINT even where this process ignores it (xdist)
+        (outcome,) = check(options, [dataclasses.replace(tests, limit_s=gpu_check.GRACE_S + 4)], meta)
     assert outcome.result == f"timed out at its limit of {gpu_check.GRACE_S + 4} s"
     assert "1 failed" in outcome.lines[0]
     assert outcome.lines[1].startswith("FAILED ") and outcome.lines[1].endswith("test_some.py::test_breaks")
