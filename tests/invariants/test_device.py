@@ -17,6 +17,7 @@ from tests.invariants.test_pytest_plugin import pytest_in
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 SMALL = "N=1,d_model=16,h=2,d_k=8,d_v=8,d_ff=32,vocab_size=50"
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 @NO_CUDA
@@ -79,3 +80,12 @@ def test_the_pytest_plugin_reports_a_device_it_cannot_use_as_a_one_line_collecti
     run = pytest_in(tmp_path, "--transformer-spec", f"reference,{SMALL}", "--transformer-device", "cuda")
     assert run.returncode == 2 and "error: --transformer-device cuda: torch" in run.stdout, run.stdout[-2000:]
     assert "leave --transformer-device out to check on the CPU" in run.stdout
+
+
+@NEEDS_CUDA
+@pytest.mark.parametrize("model", ["reference", "torch-nn", "mutant:no_causal_mask"])
+def test_on_cuda_every_property_gets_the_verdict_it_gets_on_the_cpu(model):
+    spec = f"{model},{SMALL}"
+    on_cpu = {r.name: r.verdict for r in run_suite(spec, settings=few(3))}
+    on_cuda = {r.name: r.verdict for r in run_suite(spec, settings=few(3), device="cuda")}
+    assert on_cuda == on_cpu
