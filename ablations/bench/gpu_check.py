@@ -7,7 +7,8 @@ Four parts, each a process of its own under its own time limit, each reported wh
     torchrun  the smoke budget's row D1 data-parallel over one process (torch.distributed.run)           60 s
     tests     the test suite, python -m pytest -q tests: its failures by name, and how far it got        70 s
 
-470 s in all, with the check's own start and report inside the 8 minutes. `--device cpu --quick` runs the same
+470 s in all, with the check's own start and report inside the 8 minutes; `--parts runner,tests` runs some of them
+(a rerun in what is left of a GPU loan). `--device cpu --quick` runs the same
 parts at tiny sizes on the CPU in under a minute (the tests' check of this code). Writes reports/gpu-check.md and
 reports/gpu-check.json, after each part, so that a check stopped midway still says what it saw.
 """
@@ -77,6 +78,7 @@ class CheckOptions:
     out: Path
     pytest_args: tuple[str, ...]
     args: str
+    parts: tuple[str, ...] = tuple(LIMITS)  # which of the four run (--parts), in their order
 
 
 def bench_report(o: CheckOptions) -> Path:
@@ -85,7 +87,7 @@ def bench_report(o: CheckOptions) -> Path:
 
 
 def plan(o: CheckOptions) -> list[Part]:
-    """The four parts for a GPU (or, --quick, their tiny versions for the CPU)."""
+    """The parts that --parts selects for a GPU (or, --quick, their tiny versions for the CPU)."""
     py = sys.executable
     common = ("--device", o.device, "--data", str(o.data), "--runs", str(o.work / "runs"))
     run = ("-m", "ablations", "run")
@@ -105,7 +107,7 @@ def plan(o: CheckOptions) -> list[Part]:
         smoke = ("--budget", "smoke", "--rows", "D1", "--dev-pairs", "20")
     distributed = "" if torch.distributed.is_available() else "skipped: this torch has no torch.distributed"
     out = ("--out", str(bench_report(o)))
-    return [
+    parts = [
         Part("bench", "the GPU benchmark", (py, "-m", "ablations.bench.gpu", *sizes, *common, *out), limits["bench"]),
         Part("runner", "the runner, one row", (py, *run, *short, *common), limits["runner"]),
         Part(
@@ -118,6 +120,7 @@ def plan(o: CheckOptions) -> list[Part]:
         # SIGINT: pytest stops as on Ctrl-C and still prints its summary, the failures so far by name.
         Part("tests", "the test suite", (py, "-m", "pytest", *o.pytest_args), limits["tests"], "", signal.SIGINT),
     ]
+    return [part for part in parts if part.name in o.parts]
 
 
 def stop(process: subprocess.Popen, first: signal.Signals = signal.SIGTERM) -> None:
@@ -315,6 +318,9 @@ def parse(argv: list[str]) -> CheckOptions:
         help="the tests part's arguments (default: -q tests, with -n 8 where pytest-xdist is installed; "
         "--quick: one small file)",
     )
+    p.add_argument(
+        "--parts", default=",".join(LIMITS), help=f"comma list of the parts to run (default: all, {','.join(LIMITS)})"
+    )
     p.add_argument("--work", help="keep the parts' logs and runs in this folder (default: a temporary one)")
     p.add_argument("--out", default=str(Path("reports") / "gpu-check.md"))
     a = p.parse_args(argv)
@@ -324,6 +330,9 @@ def parse(argv: list[str]) -> CheckOptions:
         )
     if resolve_device(a.device).type == "cpu" and not a.quick:
         raise ValueError(f"--device {a.device}: the full check needs a GPU; add --quick for its CPU version")
+    parts = tuple(name.strip() for name in a.parts.split(",") if name.strip())
+    if not parts or set(parts) - set(LIMITS):
+        raise ValueError(f"--parts {a.parts!r}: give a comma list of {', '.join(LIMITS)}")
     data, out = data_dir(a.data).resolve(), output_path(a.out).resolve()
     spread = " -n 8" if importlib.util.find_spec("xdist") else ""  # pytest-xdist, where installed: 8 of the cores
     default = "-q tests/test_layering.py" if a.quick else f"-q{spread} tests"
@@ -335,7 +344,9 @@ def parse(argv: list[str]) -> CheckOptions:
         raise ValueError(
             f"--work {a.work}: cannot make the folder ({exc.strerror or exc}); give a writable one"
         ) from None
-    return CheckOptions(a.device, a.quick, data, work.resolve(), a.work is not None, out, pytest_args, shown_args(argv))
+    return CheckOptions(
+        a.device, a.quick, data, work.resolve(), a.work is not None, out, pytest_args, shown_args(argv), parts
+    )
 
 
 def version(package: str) -> str:
@@ -345,7 +356,7 @@ def version(package: str) -> str:
         return "not installed"
 
 
-@stops_cleanly("the parts run so far are in the report; run the same command again for the rest")
+@stops_cleanly("the parts run so far are in the report; --parts NAMES runs the others")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:

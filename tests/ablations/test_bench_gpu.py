@@ -145,6 +145,12 @@ def test_the_check_writes_its_report_and_a_failing_part_stops_no_other(tmp_path)
     assert len(json.loads((tmp_path / "gpu-check.json").read_text())["parts"]) == 4
 
 
+def test_parts_picks_which_parts_run_in_the_checks_own_order(tmp_path):
+    argv = ["--device", "cpu", "--quick", "--parts", "tests,runner", "--data", str(tmp_path), "--work", str(tmp_path)]
+    options = gpu_check.parse(argv)
+    assert [part.name for part in gpu_check.plan(options)] == ["runner", "tests"]
+
+
 def test_the_tests_part_stopped_at_its_limit_still_names_the_tests_that_failed_before(tmp_path):
     (tmp_path / "test_some.py").write_text(
         "import time\n\ndef test_breaks():\n    assert False\n\ndef test_hangs():\n    time.sleep(60)\n"
@@ -195,6 +201,11 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine 
             marks=NO_CUDA,
         ),
         (gpu_check.main, ["--device", "cpu"], "error: --device cpu: the full check needs a GPU; add --quick"),
+        (
+            gpu_check.main,
+            ["--device", "cpu", "--quick", "--parts", "runner,bnech"],
+            "error: --parts 'runner,bnech': give a comma list of bench, runner, torchrun, tests",
+        ),
     ],
 )
 def test_a_bad_flag_is_one_line_naming_the_problem_and_the_fix(main, argv, message, capsys, tmp_path):
