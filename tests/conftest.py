@@ -13,17 +13,19 @@ from hypothesis import settings
 from invariants import profiles
 
 profiles.register()
+torch.set_num_threads(1)  # and in every test: one_thread below
 if os.environ.get(profiles.ENV_VAR):
     settings.load_profile(os.environ[profiles.ENV_VAR])
 elif settings.get_current_profile_name() != "ci":
     settings.load_profile("dev")
 
 
-@pytest.fixture(scope="module")
-def single_thread():
-    """One intra-op thread: the tests' small matrices gain nothing from a second one, and on a shared machine
-    OpenMP threads that spin while waiting for a busy core make a run many times slower."""
-    before = torch.get_num_threads()
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread in every test, whatever the code a test ran set (the runner and the benchmark set their
+    own): the tests' matrices are small, and on a shared machine OpenMP threads that spin while waiting for a busy
+    core make a run many times slower. Set after each test too, for the module fixtures that the next one sets up
+    first. The processes the tests start get OMP_NUM_THREADS=1 (tests/helpers.py)."""
     torch.set_num_threads(1)
     yield
-    torch.set_num_threads(before)
+    torch.set_num_threads(1)

@@ -42,7 +42,7 @@ def no_kernel(batch):
 
 
 @needs_data
-def test_the_cpu_path_reports_every_system_with_step_time_percentiles_and_beam_search(tmp_path, single_thread):
+def test_the_cpu_path_reports_every_system_with_step_time_percentiles_and_beam_search(tmp_path):
     out = tmp_path / "bench-gpu.md"
     argv = ["--device", "cpu", "--steps", "2", "--warmup", "1", "--decode-sentences", "2", "--decode-reps", "1"]
     argv += ["--backends", "cudnn", "--data", str(REAL_DATA), "--runs", str(tmp_path / "runs"), "--out", str(out)]
@@ -87,7 +87,7 @@ def test_a_warm_up_still_running_when_the_time_limit_comes_is_abandoned_and_said
 
 
 @pytest.mark.filterwarnings("ignore:Dynamo does not know how to trace")  # the CPU's attention kernel: a graph break
-def test_a_compiled_entry_counts_its_compiling_in_warm_up_apart_from_its_timed_steps(single_thread):
+def test_a_compiled_entry_counts_its_compiling_in_warm_up_apart_from_its_timed_steps():
     entries, models, notes = build_entries(
         CFG, ("reference",), ("eager", "compiled"), "default", (), torch.device("cpu"), None, compile_backend="eager"
     )

@@ -10,7 +10,6 @@ from ablations.data.bpe import BOS, EOS, PAD
 from ablations.scoring.decoding import beam_search, length_penalty, translate
 from model import Transformer, TransformerConfig
 
-pytestmark = pytest.mark.usefixtures("single_thread")  # see tests/conftest.py
 TINY = TransformerConfig(N=2, d_model=32, d_ff=64, h=4, d_k=8, d_v=8, vocab_size=40, max_len=64, P_drop=0.0)
 A, B = 4, 5  # token ids of the scripted model below
 

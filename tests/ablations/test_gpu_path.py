@@ -17,7 +17,6 @@ from ablations.training.backends import KERNELS, sdpa_backend
 from model import Transformer, TransformerConfig, attention, kernels
 from tests.helpers import needs_data
 
-pytestmark = pytest.mark.usefixtures("single_thread")  # see tests/conftest.py
 TINY = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=30, max_len=64, P_drop=0.0)
 
 

@@ -22,7 +22,7 @@ SMOKE = BUDGETS["smoke"]
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory, single_thread):
+def smoke(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
     data = prepare_data(SMOKE, "multi30k", REAL_DATA, runs)
     grid = Grid(SMOKE, table3_rows(), [1], ModelSpec("reference"), runs, torch.device("cpu"))

@@ -25,7 +25,6 @@ from model import Transformer, TransformerConfig
 from reports.inputs import budget_folders, load_budget
 from tests.helpers import ablations_argv, logged, needs_data, result, runs_folder, smoke_cache
 
-pytestmark = pytest.mark.usefixtures("single_thread")
 DAMAGE = {
     "truncated": b'{\n  "row": "D1",\n  "seed": 1,\n  "status": "fini',
     "empty": b"",

@@ -25,7 +25,7 @@ from ablations.training.train import make_optimizer, read_checkpoint
 from model import Transformer, files
 from tests.helpers import ablations_argv, logged, needs_data, result, runs_folder, smoke_cache
 
-pytestmark = [needs_data, pytest.mark.usefixtures("single_thread")]
+pytestmark = needs_data
 FORK = multiprocessing.get_context("fork")
 SPEC = "tests.ablations.test_runner_stops:signalling_model"
 SIGNAL_AT: dict[str, int] = {}  # set in a forked child: {"signum": ..., "step": ...}; empty: no signal

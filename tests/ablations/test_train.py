@@ -19,7 +19,6 @@ from ablations.training.train import TrainState, load_checkpoint, make_optimizer
 from model import Transformer, TransformerConfig, parse_spec
 from tests.helpers import NO_DATA, REAL_DATA, needs_data
 
-pytestmark = pytest.mark.usefixtures("single_thread")  # see tests/conftest.py
 TINY = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=30, max_len=32, P_drop=0.0)
 # A few Multi30k pairs, a 150-token BPE and 3 steps: enough to exercise the run bookkeeping in seconds.
 TINY_BUDGET = BUDGETS["smoke"].replace(
