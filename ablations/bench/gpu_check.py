@@ -34,6 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ablations.bench.gpu_report import decoding_table, training_table
+from ablations.bench.gpu_targets import HEADER, bench_targets, runner_targets
 from ablations.bench.report import machine, output_path, shown_args
 from ablations.data.corpora import data_dir
 from ablations.grid.runner import describe_device
@@ -232,6 +233,26 @@ def tests_lines(log: Path, shown: int = 30) -> list[str]:
     return lines
 
 
+def targets(o: CheckOptions) -> list[str]:
+    """The targets of docs/benchmark.md against what the bench and runner parts wrote so far."""
+    lines = [
+        "## Targets",
+        "",
+        "Set for one GPU at the base size"
+        + (": on a CPU at tiny sizes these rows only exercise the code." if o.quick else "."),
+        "",
+        *HEADER,
+    ]
+    try:
+        lines += bench_targets(json.loads(bench_report(o).with_suffix(".json").read_text()))
+    except (OSError, ValueError, KeyError):
+        lines.append("| the bench's targets | - | - | not measured: no readable bench report |")
+    folder = run_folder(o.work / "runs", "smoke" if o.quick else "short", "base")
+    if folder is None:
+        return [*lines, "| the runner's targets | - | - | not measured: no run folder |"]
+    return [*lines, *runner_targets(R.read_metrics(folder), R.read_final(folder) or {})]
+
+
 def measured(part: Part, o: CheckOptions, log: Path) -> list[str]:
     """The part's figures, read from what it wrote; a part that wrote nothing readable says so."""
     runs = o.work / "runs"
@@ -294,6 +315,7 @@ def markdown(o: CheckOptions, parts: list[Part], outcomes: list[Outcome], meta: 
         f"| {p.name} | {p.what} | {p.limit_s} s | {x.result} | {x.seconds:.0f} |" for p, x in zip(parts, outcomes)
     ]
     lines += [f"| {p.name} | {p.what} | {p.limit_s} s | not run yet | - |" for p in parts[len(outcomes) :]]
+    lines += ["", *targets(o)]
     for part, outcome in zip(parts, outcomes):
         lines += ["", f"## {part.name}: {outcome.result}", "", f"`{shown(part.command, o)}`", ""]
         lines += [line if line.startswith("|") or not line else f"- {line}" for line in outcome.lines]

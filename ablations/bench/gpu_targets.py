@@ -1,0 +1,103 @@
+"""The GPU targets of docs/benchmark.md judged on what the GPU check measured: one table row per target, with the
+number, the bar and the verdict. A target whose numbers are missing says "not measured"; none is met by default."""
+
+from __future__ import annotations
+
+import statistics
+
+MFU_BAR = 0.35  # the reference's training step at the base size, against the card's bf16 dense peak
+PEER_BAR = 1.5  # the reference's training step against HF Marian's fastest eager one, same batches
+BEAM_BAR = 2.0  # beam search against HF generate
+STALL_BAR = 3.0  # after WARM_STEPS, no step longer than this many times the median step
+WARM_STEPS = 20
+HEADER = ["| target | measured | bar | verdict |", "|---|---|---|---|"]
+
+
+def verdict(value: float | None, bar: float) -> str:
+    return "not measured" if value is None else "met" if value >= bar else "not met"
+
+
+def row(target: str, measured: str, bar: str, judged: str) -> str:
+    return f"| {target} | {measured} | {bar} | {judged} |"
+
+
+def fastest(rows: list[dict], **match: str) -> dict | None:
+    """The measured row of highest target tokens/s among those whose fields equal `match`."""
+    found = [r for r in rows if r.get("tgt_tokens_per_s") and all(r.get(k) == v for k, v in match.items())]
+    return max(found, key=lambda r: r["tgt_tokens_per_s"], default=None)
+
+
+def bench_targets(bench: dict) -> list[str]:
+    """MFU and the ratio to HF Marian (the reference at the attention backend the runner uses, eager or compiled,
+    whichever is faster; Marian at its fastest eager backend), and beam search against HF generate, per size."""
+    lines = []
+    for size in dict.fromkeys(r["size"] for r in bench["training"]):
+        ours = fastest(bench["training"], size=size, system="reference", backend=bench["backend"])
+        peer = fastest(bench["training"], size=size, system="hf-marian", mode="eager")
+        how = f"{ours['mode']}, {ours['backend']}" if ours else "-"
+        mfu = ours.get("mfu") if ours else None
+        lines.append(
+            row(
+                f"{size}: training step MFU ({how})",
+                "-" if mfu is None else f"{mfu:.1%}",
+                f">= {MFU_BAR:.0%}",
+                verdict(mfu, MFU_BAR),
+            )
+        )
+        ratio = ours["tgt_tokens_per_s"] / peer["tgt_tokens_per_s"] if ours and peer else None
+        against = f"HF Marian eager, {peer['backend']}" if peer else "HF Marian eager"
+        lines.append(
+            row(
+                f"{size}: training tokens/s ({how}) over {against}",
+                "-" if ratio is None else f"{ratio:.2f}x",
+                f">= {PEER_BAR}x",
+                verdict(ratio, PEER_BAR),
+            )
+        )
+    for size in dict.fromkeys(r["size"] for r in bench["decoding"]):
+        rates = {r["system"]: r.get("output_tokens_per_s") for r in bench["decoding"] if r["size"] == size}
+        ours, peer = rates.get("reference beam_search"), rates.get("HF MarianMT generate")
+        ratio = ours / peer if ours and peer else None
+        lines.append(
+            row(
+                f"{size}: beam search output tokens/s over HF generate",
+                "-" if ratio is None else f"{ratio:.2f}x",
+                f">= {BEAM_BAR}x",
+                verdict(ratio, BEAM_BAR),
+            )
+        )
+    return lines
+
+
+def runner_targets(metrics: list[dict], final: dict) -> list[str]:
+    """No stall after warm-up: the longest step of the logged windows that begin after WARM_STEPS, against the median
+    of the windows' median steps. The 1000-step row is projected from the median step, not judged."""
+    timed = [m for m in metrics if m.get("step_s_p50") is not None]
+    later = [m for before, m in zip([{"step": 0}, *timed], timed) if before["step"] >= WARM_STEPS]
+    if not later:
+        stall = row(
+            f"runner: longest step after step {WARM_STEPS} / median step", "-", f"<= {STALL_BAR}x", "not measured"
+        )
+    else:
+        median = statistics.median(m["step_s_p50"] for m in timed)
+        longest = max(m["step_s_max"] for m in later)
+        stall = row(
+            f"runner: longest step after step {WARM_STEPS} / median step",
+            f"{longest / median:.2f}x ({longest * 1e3:.0f} / {median * 1e3:.0f} ms)",
+            f"<= {STALL_BAR}x",
+            "met" if longest <= STALL_BAR * median else "not met",
+        )
+    if not timed or not final.get("steps"):
+        return [stall]
+    median = statistics.median(m["step_s_p50"] for m in timed)
+    projected = 1000 * median + (final.get("compile_s") or 0)
+    return [
+        stall,
+        row(
+            "runner: 1000 steps of the base row",
+            f"projected {projected:.0f} s of training (1000 x the median step, plus compiling); the check ran "
+            f"{final['steps']} steps in {final.get('wall_s') or 0:.0f} s, scoring {final.get('eval_s') or 0:.0f} s",
+            "scoring included, <= 180 s",
+            "not judged: a projection, and scoring here is of few dev pairs",
+        ),
+    ]

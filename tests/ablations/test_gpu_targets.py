@@ -1,0 +1,57 @@
+"""The GPU check's targets: each judged from the numbers the bench and the runner wrote, none met without them."""
+
+from ablations.bench.gpu_targets import bench_targets, runner_targets
+
+
+def training(system: str, mode: str, backend: str, rate: float | None, mfu: float | None = None) -> dict:
+    return {"size": "base", "system": system, "mode": mode, "backend": backend, "tgt_tokens_per_s": rate, "mfu": mfu}
+
+
+def bench(training_rows: list[dict], beam: float | None = 300.0, generate: float | None = 100.0) -> dict:
+    decoding = [
+        {"size": "base", "system": "reference beam_search", "output_tokens_per_s": beam},
+        {"size": "base", "system": "HF MarianMT generate", "output_tokens_per_s": generate},
+    ]
+    return {"backend": "efficient", "training": training_rows, "decoding": decoding}
+
+
+def test_the_reference_is_judged_at_its_fastest_mode_on_the_runners_backend_against_marians_fastest_eager():
+    rows = [
+        training("reference", "eager", "efficient", 100_000.0, 0.20),
+        training("reference", "compiled", "efficient", 180_000.0, 0.36),
+        training("reference", "eager", "cudnn", 400_000.0, 0.80),  # not the backend the runner trains with
+        training("hf-marian", "eager", "efficient", 90_000.0),
+        training("hf-marian", "eager", "cudnn", 110_000.0),
+        training("hf-marian", "compiled", "efficient", 500_000.0),  # the bar is against Marian eager
+    ]
+    mfu, ratio, beam = bench_targets(bench(rows))
+    assert mfu == "| base: training step MFU (compiled, efficient) | 36.0% | >= 35% | met |"
+    assert ratio.endswith("over HF Marian eager, cudnn | 1.64x | >= 1.5x | met |")
+    assert beam == "| base: beam search output tokens/s over HF generate | 3.00x | >= 2.0x | met |"
+
+
+def test_a_target_below_its_bar_is_not_met_and_one_without_numbers_is_not_measured():
+    rows = [
+        training("reference", "eager", "efficient", 100_000.0, 0.30),
+        training("hf-marian", "eager", "efficient", None),
+    ]
+    mfu, ratio, beam = bench_targets(bench(rows, beam=150.0))
+    assert mfu.endswith("| 30.0% | >= 35% | not met |")
+    assert ratio.endswith("| - | >= 1.5x | not measured |")
+    assert beam.endswith("| 1.50x | >= 2.0x | not met |")
+
+
+def test_a_stall_after_warm_up_fails_the_runner_target_and_one_before_it_does_not():
+    def window(step: int, p50: float, longest: float) -> dict:
+        return {"step": step, "step_s_p50": p50, "step_s_max": longest, "time_s": step * p50}
+
+    final = {"steps": 75, "wall_s": 30.0, "eval_s": 5.0, "compile_s": 20.0}
+    compiled_early = [window(25, 0.05, 20.0), window(50, 0.05, 0.06), window(75, 0.05, 0.07)]
+    stall, projection = runner_targets(compiled_early, final)
+    assert stall.endswith("| 1.40x (70 / 50 ms) | <= 3.0x | met |")
+    assert "projected 70 s of training" in projection and projection.endswith(
+        "| not judged: a projection, and scoring here is of few dev pairs |"
+    )
+    stalled_late = [window(25, 0.05, 0.06), window(50, 0.05, 0.2), window(75, 0.05, 0.06)]
+    assert runner_targets(stalled_late, final)[0].endswith("| 4.00x (200 / 50 ms) | <= 3.0x | not met |")
+    assert runner_targets([], {})[0].endswith("| - | <= 3.0x | not measured |")
