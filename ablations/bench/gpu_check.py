@@ -357,7 +357,7 @@ def parse(argv: list[str]) -> CheckOptions:
         raise ValueError(f"--parts {a.parts!r}: give a comma list of {', '.join(LIMITS)}")
     data, out = data_dir(a.data).resolve(), output_path(a.out).resolve()
     spread = " -n 8" if importlib.util.find_spec("xdist") else ""  # pytest-xdist, where installed: 8 of the cores
-    default = "-q tests/test_layering.py" if a.quick else f"-q{spread} tests"
+    default = "-q tests/ablations/test_gpu_targets.py" if a.quick else f"-q{spread} tests"
     pytest_args = tuple(shlex.split(a.pytest_args or default))
     try:
         work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="gpu-check-"))
