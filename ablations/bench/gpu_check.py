@@ -34,7 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ablations.bench.gpu_report import decoding_table, training_table
-from ablations.bench.gpu_targets import HEADER, bench_targets, runner_targets
+from ablations.bench.gpu_targets import HEADER, bench_targets, row, runner_targets
 from ablations.bench.report import machine, output_path, shown_args
 from ablations.data.corpora import data_dir
 from ablations.grid.runner import describe_device
@@ -82,6 +82,11 @@ class CheckOptions:
     parts: tuple[str, ...] = tuple(LIMITS)  # which of the four run (--parts), in their order
 
 
+def runner_budget(o: CheckOptions) -> str:
+    """The budget whose base row the runner part trains: short on a GPU, smoke with --quick."""
+    return "smoke" if o.quick else "short"
+
+
 def bench_report(o: CheckOptions) -> Path:
     """Where the bench part writes its report: beside the check's on a GPU, in the work folder with --quick."""
     return (o.work if o.quick else o.out.parent) / "bench-gpu.md"
@@ -97,14 +102,14 @@ def plan(o: CheckOptions) -> list[Part]:
     if o.quick:
         sizes = ("--sizes", "tiny", "--steps", "3", "--warmup", "1", "--decode-reps", "1", "--time-limit", "30")
         sizes += ("--backends", "default,cudnn")  # the CPU has no cuDNN: the unsupported path, reported
-        short = ("--budget", "smoke", "--rows", "base", "--steps", "8", "--dev-pairs", "10")
+        short = ("--budget", runner_budget(o), "--rows", "base", "--steps", "8", "--dev-pairs", "10")
         smoke = ("--budget", "smoke", "--rows", "D1", "--steps", "4", "--dev-pairs", "10")
     else:
         # Two warm-up steps of two shapes: torch.compile's static graph, then its dynamic one.
         sizes = ("--sizes", "base", "--steps", "10", "--warmup", "2", "--decode-sentences", "16", "--decode-reps", "2")
         sizes += ("--batch-tokens", "25000")  # the paper's batch (section 5.1), which the step's targets are set at
         sizes += ("--time-limit", str(LIMITS["bench"] - 30))  # room for its start and its report
-        short = ("--budget", "short", "--rows", "base", "--steps", "300", "--dev-pairs", "100")
+        short = ("--budget", runner_budget(o), "--rows", "base", "--steps", "300", "--dev-pairs", "100")
         smoke = ("--budget", "smoke", "--rows", "D1", "--dev-pairs", "20")
     distributed = "" if torch.distributed.is_available() else "skipped: this torch has no torch.distributed"
     out = ("--out", str(bench_report(o)))
@@ -246,10 +251,10 @@ def targets(o: CheckOptions) -> list[str]:
     try:
         lines += bench_targets(json.loads(bench_report(o).with_suffix(".json").read_text()))
     except (OSError, ValueError, KeyError):
-        lines.append("| the bench's targets | - | - | not measured: no readable bench report |")
-    folder = run_folder(o.work / "runs", "smoke" if o.quick else "short", "base")
+        lines.append(row("the bench's targets", "-", "-", "not measured: no readable bench report"))
+    folder = run_folder(o.work / "runs", runner_budget(o), "base")
     if folder is None:
-        return [*lines, "| the runner's targets | - | - | not measured: no run folder |"]
+        return [*lines, row("the runner's targets", "-", "-", "not measured: no run folder")]
     return [*lines, *runner_targets(R.read_metrics(folder), R.read_final(folder) or {})]
 
 
@@ -259,7 +264,7 @@ def measured(part: Part, o: CheckOptions, log: Path) -> list[str]:
     if part.name == "bench":
         return bench_lines(bench_report(o).with_suffix(".json"))
     if part.name == "runner":
-        return runner_lines(runs, "smoke" if o.quick else "short", "base")
+        return runner_lines(runs, runner_budget(o), "base")
     if part.name == "torchrun":
         return runner_lines(runs, "smoke", "D1")
     return tests_lines(log)

@@ -73,23 +73,22 @@ def runner_targets(metrics: list[dict], final: dict) -> list[str]:
     """No stall after warm-up: the longest step of the logged windows that begin at or after WARM_STEPS, against the
     median of the windows' median steps. The 1000-step row is projected from the median step, not judged."""
     timed = [m for m in metrics if m.get("step_s_p50") is not None]
+    median = statistics.median(m["step_s_p50"] for m in timed) if timed else None
     windows = list(zip([0, *(m["step"] for m in timed)], timed))  # (the step a window follows, its record)
-    later = [m for begins, m in windows if begins >= WARM_STEPS]
-    target = f"runner: longest step after step {next((b for b, _ in windows if b >= WARM_STEPS), WARM_STEPS)}"
+    later = [(begins, m) for begins, m in windows if begins >= WARM_STEPS]
+    target = f"runner: longest step after step {later[0][0] if later else WARM_STEPS} / median step"
     if not later:
-        stall = row(f"{target} / median step", "-", f"<= {STALL_BAR}x", "not measured")
+        stall = row(target, "-", f"<= {STALL_BAR}x", "not measured")
     else:
-        median = statistics.median(m["step_s_p50"] for m in timed)
-        longest = max(m["step_s_max"] for m in later)
+        longest = max(m["step_s_max"] for _, m in later)
         stall = row(
-            f"{target} / median step",
+            target,
             f"{longest / median:.2f}x ({longest * 1e3:.0f} / {median * 1e3:.0f} ms)",
             f"<= {STALL_BAR}x",
             "met" if longest <= STALL_BAR * median else "not met",
         )
-    if not timed or not final.get("steps"):
+    if median is None or not final.get("steps"):
         return [stall]
-    median = statistics.median(m["step_s_p50"] for m in timed)
     projected = 1000 * median + (final.get("compile_s") or 0)
     return [
         stall,
