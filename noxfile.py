@@ -1,5 +1,6 @@
-"""Entry points: `nox -s invariants` (the main job), `nox -s tests`, `nox -s lint`, `nox -s ablations`, `nox -s report`,
-`nox -s bench`, `nox -s tests_transformers5`, and on one GPU `nox -s bench_gpu` and `nox -s gpu_check`."""
+"""Entry points: `nox -s invariants` (the main job), `nox -s tests` (and its quick tier `nox -s tests_quick`),
+`nox -s lint`, `nox -s ablations`, `nox -s report`, `nox -s bench`, `nox -s tests_transformers5`, and on one GPU
+`nox -s bench_gpu` and `nox -s gpu_check`."""
 
 import os
 
@@ -30,11 +31,32 @@ def invariants(session: nox.Session) -> None:
     session.run("python", "-m", "invariants", *session.posargs)
 
 
+def xdist(args: list[str]) -> list[str]:
+    """pytest-xdist's options for the tests sessions: a worker per core (at most 8), the tests that share a module
+    fixture or are marked serial grouped onto one worker each (tests/conftest.py). Unless the arguments choose: their
+    own -n/--numprocesses (with --dist loadgroup where they name no --dist), or -p no:xdist (all in one process)."""
+    names = [arg.split("=")[0] for arg in args]
+    if "no:xdist" in args or "-pno:xdist" in args:
+        return []
+    if any(name == "--numprocesses" or (name.startswith("-n") and not name.startswith("--")) for name in names):
+        return [] if "--dist" in names else ["--dist", "loadgroup"]
+    return ["--numprocesses", "auto", "--maxprocesses", "8", "--dist", "loadgroup"]
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the harness's own test suite (posargs go to pytest: nox -s tests -- -k attention -x)."""
+    """Run the harness's own test suite, all of it, spread over the cores by pytest-xdist (docs/testing.md).
+
+    posargs go to pytest: nox -s tests -- -k attention -x; -n 1 or -p no:xdist to run it otherwise."""
     _install(session)
-    session.run("pytest", *(session.posargs or ["tests"]))
+    session.run("pytest", *xdist(session.posargs), *(session.posargs or ["tests"]))
+
+
+@nox.session(default=False)
+def tests_quick(session: nox.Session) -> None:
+    """The edit-test loop's tier, about a minute on 2 cores: every test not marked slow (posargs go to pytest)."""
+    _install(session)
+    session.run("pytest", *xdist(session.posargs), "-m", "not slow", *(session.posargs or ["tests"]))
 
 
 # The HF adapters reach into transformers internals (Marian's sinusoid table, the KV cache); the hf extra pins 4.x.
@@ -81,15 +103,16 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "ablations.bench.profiling")
 
 
-@nox.session(default=False)
+# On a GPU machine, torch's CUDA build is the machine's own: a venv from pyproject.toml would install the CPU build of
+# the pin over it. The GPU sessions run the machine's python3, which needs torch, transformers, sentencepiece, pytest.
+@nox.session(default=False, venv_backend="none")
 def bench_gpu(session: nox.Session) -> None:
     """Benchmark the training step and beam search on one GPU beside HF MarianMT and torch.nn: reports/bench-gpu.md."""
-    session.install("-e", ".[hf]")
-    session.run("python", "-m", "ablations.bench.gpu", *(session.posargs or ["--device", "cuda"]))
+    session.run("python3", "-m", "ablations.bench.gpu", *(session.posargs or ["--device", "cuda"]), external=True)
 
 
-@nox.session(default=False)
+@nox.session(default=False, venv_backend="none")
 def gpu_check(session: nox.Session) -> None:
-    """What one GPU must show in at most 8 minutes (nox -s gpu_check -- --data gpu-data): reports/gpu-check.md."""
-    session.install("-e", ".[test]", "pytest-xdist==3.8.0")  # the tests part spreads over 8 processes with it
-    session.run("python", "-m", "ablations.bench.gpu_check", *session.posargs)
+    """What one GPU must show in 8 minutes, with this machine's python3: nox -s gpu_check -- --data gpu-data --out DIR
+    (first, on any machine: python -m ablations.bench.gpu_check --prepare gpu-data)."""
+    session.run("python3", "-m", "ablations.bench.gpu_check", *session.posargs, external=True)

@@ -21,7 +21,7 @@ from ablations.runs.budgets import BUDGETS, Budget, as_recorded, row_config
 from ablations.runs.options import RunOptions
 from ablations.runs.outcomes import summary
 from ablations.studies import attention_data
-from ablations.training.distributed import check_accumulation, from_environment, main_first, setup, teardown
+from ablations.training.distributed import backend, check_accumulation, from_environment, main_first, setup, teardown
 from ablations.training.stopping import Stopped, graceful_stops
 from ablations.training.throughput import choose_threads
 from model.files import write_atomic
@@ -30,7 +30,7 @@ from model.files import write_atomic
 def cmd_run(options: RunOptions) -> int:
     """The grid in this process, or data-parallel over the processes torchrun started (ablations/training/distributed.py)."""
     b, rows = options.budget, options.rows
-    ranks = from_environment()
+    ranks = from_environment(options.ddp)
     check_accumulation(options.accumulation or b.accumulation, ranks)
     with graceful_stops():
         try:
@@ -41,7 +41,7 @@ def cmd_run(options: RunOptions) -> int:
                 torch.set_num_threads(choose_threads(row_config(rows[0], b, vocab_size=1), options.threads))
             data = main_first(ranks, lambda: prepare_data(b, options.preset, options.data, options.runs))
             scaled = f" (SCALED: sizes / {b.scale})" if b.scaled else ""
-            parallel = f" x {ranks.world} data-parallel processes" if ranks.parallel else ""
+            parallel = f" x {ranks.world} data-parallel processes (DDP over {backend(ranks)})" if ranks.parallel else ""
             if ranks.main:
                 print(
                     f"budget {b.name}{scaled}, {len(rows)} rows x {len(options.seeds)} seeds, model {options.spec}, "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -21,19 +21,30 @@ class Batch:
     src_pad: Tensor  # (B, S) bool
     tgt_pad: Tensor  # (B, T) bool
     labels: Tensor | None = None  # (B, T) ids
+    # (source, target) non-pad tokens, counted where the masks are (the CPU) and carried by `to`: counting them on a
+    # GPU would make the host wait for it between the forward and the backward pass of a training step.
+    counts: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
     @cached_property  # read several times a training step: counted once per batch
     def src_tokens(self) -> int:
-        return int(self.src_pad.numel() - self.src_pad.sum())
+        return self.counts[0] if self.counts else int(self.src_pad.numel() - self.src_pad.sum())
 
     @cached_property
     def tgt_tokens(self) -> int:
-        return int(self.tgt_pad.numel() - self.tgt_pad.sum())
+        return self.counts[1] if self.counts else int(self.tgt_pad.numel() - self.tgt_pad.sum())
 
     def forward(self, model: Seq2SeqModel) -> Tensor:
         """The model's logits (B, T, vocab) for this batch."""
         return model(self.src, self.tgt, self.src_pad, self.tgt_pad)
 
     def to(self, device: torch.device) -> Batch:
+        """The batch on `device`, its token counts taken along (counted here, before the move, if not yet)."""
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
-        return Batch(move(self.src), move(self.tgt), move(self.src_pad), move(self.tgt_pad), move(self.labels))
+        return Batch(
+            move(self.src),
+            move(self.tgt),
+            move(self.src_pad),
+            move(self.tgt_pad),
+            move(self.labels),
+            (self.src_tokens, self.tgt_tokens),
+        )

@@ -1,7 +1,9 @@
-"""Fixtures that the whole suite shares, and its hypothesis profiles (dev, ci, thorough), chosen by HYPOTHESIS_PROFILE.
+"""Fixtures that the whole suite shares, its hypothesis profiles (dev, ci, thorough), chosen by HYPOTHESIS_PROFILE,
+and how its tests are spread over pytest-xdist's workers (docs/testing.md).
 
 With CI set and no HYPOTHESIS_PROFILE, hypothesis has already loaded its own derandomized `ci` profile;
-it is left in place. Otherwise the default is `dev`.
+it is left in place. Otherwise the default is `dev`. Each xdist worker imports this file, so each loads the same
+profile and runs on one thread.
 """
 
 import os
@@ -29,3 +31,48 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(1)
+
+
+# Under `--dist loadgroup` (noxfile.py's tests session) xdist sends the tests of one xdist_group to one worker.
+WIDE_SCOPES = ("class", "module")  # a fixture of these scopes is built once per worker that runs its module's tests
+SERIAL = "serial"  # the group of the tests marked serial: one after another, on one worker
+GROUP = "xdist_group"
+
+
+def shares_a_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a class or module fixture of the suite's own (pytest's and plugins' have no baseid)."""
+    defs = getattr(item, "_fixtureinfo", None)
+    return defs is not None and any(
+        d[-1].scope in WIDE_SCOPES and d[-1].baseid for d in defs.name2fixturedefs.values() if d
+    )
+
+
+def name_group_in_id(item: pytest.Item) -> None:
+    """What xdist's loadgroup does and, on pytest 9.2, cannot (pytest-dev/pytest-xdist#1386, fixed by #1388): put the
+    group into the test's id (`path::test@group`), which is how the controller's scheduler learns it."""
+    groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers(GROUP)})
+    suffix = "@" + "_".join(groups)
+    if groups and not item.nodeid.endswith(suffix) and hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId  # pytest 9.2's structured id, which xdist 3.8 does not set
+
+        item._id = NodeId.parse(item.nodeid + suffix)
+
+
+@pytest.hookimpl(wrapper=True)  # the marks before xdist's own hook reads them, the ids after it
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
+    """Under loadgroup: a module whose tests share a module (or class) fixture runs on one worker, so that the fixture
+    (a trained smoke grid, a built wheel) is built once, not once per worker; tests marked `serial` (several processes,
+    signals, time limits) run one after another on one worker, the module's fixture users with them."""
+    if not getattr(config.option, "loadgroup", False):
+        return (yield)
+    module = {item: item.nodeid.split("::")[0] for item in items}
+    serial = {module[item] for item in items if item.get_closest_marker(SERIAL)}
+    for item in items:
+        if item.get_closest_marker(SERIAL) or (module[item] in serial and shares_a_module_fixture(item)):
+            item.add_marker(getattr(pytest.mark, GROUP)(SERIAL))
+        elif shares_a_module_fixture(item):
+            item.add_marker(getattr(pytest.mark, GROUP)(module[item]))
+    result = yield
+    for item in items:
+        name_group_in_id(item)
+    return result

@@ -2,9 +2,9 @@
 for a few examples, and helpers for tests that run `python -m ablations` (or torchrun) as real processes on the
 smoke budget. Fixtures live beside it in conftest.py.
 
-The smoke budget's BPE is trained once per module that needs it (`smoke_cache`) and copied into each test's runs
-folder, so that every process finds it cached. One thread per process: the runs are bitwise reproducible on CPU
-with a fixed thread count, and the two cores of CI are shared by the processes of a test.
+The smoke budget's BPE is trained once per test run (`smoke_cache`, shared by the xdist workers) and copied into each
+test's runs folder, so that every process finds it cached. One thread per process: the runs are bitwise reproducible
+on CPU with a fixed thread count, and the two cores of CI are shared by the processes of a test.
 """
 
 from __future__ import annotations
@@ -15,8 +15,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
+import torch
+from filelock import FileLock
 from hypothesis import settings
 
 from ablations.data.corpora import ENV_VAR
@@ -30,6 +33,13 @@ REAL_DATA = Path(
 )  # where the tools look: $AIAYN_DATA, else ../shared/data
 NO_DATA = f"needs the data folder: set {ENV_VAR} or put it at ../shared/data"
 needs_data = pytest.mark.skipif(not REAL_DATA.is_dir(), reason=NO_DATA)
+
+
+def needs_cuda(test: Callable) -> Callable:
+    """A test that runs only where CUDA is: marked `cuda`, which the GPU check runs first (-m cuda), skipped elsewhere."""
+    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(test))
+
+
 # Training steps of the CLI tests: logs at 4, 8, 12, checkpoints at 8 and 12, dev perplexity at 12 (smoke budget).
 STEPS = 12
 DEV_PAIRS = 20  # scored for PPL and BLEU: beam search over the budget's 100 would take most of a test's time
@@ -44,10 +54,21 @@ def environment() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "AIAYN_DATA": str(REAL_DATA), "PYTHONPATH": str(REPO)}
 
 
+def shared_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A folder of this test run that every xdist worker sees: the workers' temporary roots are children of the run's."""
+    root = tmp_path_factory.getbasetemp()
+    return (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / name
+
+
 def smoke_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A runs folder whose cache/ holds the smoke budget's BPE."""
-    runs = tmp_path_factory.mktemp("bpe-cache")
-    prepare_data(BUDGETS["smoke"], "multi30k", REAL_DATA, runs)
+    """A runs folder's cache/ holding the smoke budget's BPE, trained once per test run by the first test (of any module,
+    in any xdist worker) that asks; the others wait on the lock, then find it. Read it only: runs_folder copies it."""
+    runs = shared_folder(tmp_path_factory, "smoke-bpe")
+    with FileLock(f"{runs}.lock"):
+        if not (runs / "complete").is_file():
+            shutil.rmtree(runs, ignore_errors=True)  # what a stopped build left
+            prepare_data(BUDGETS["smoke"], "multi30k", REAL_DATA, runs)
+            (runs / "complete").touch()
     return runs / "cache"
 
 

@@ -6,28 +6,32 @@ Every system trains on the same real training batches of the short budget (its d
 padded to multiples of 8 as the runner pads them), repetitions interleaved across systems. Step times are reported
 as p50/p99/max with warm-up and compiling apart, and MFU against the card's bf16 dense peak. `--device cpu --sizes
 tiny` runs the same code in seconds (fp32, no MFU: there is no bf16 peak to hold a CPU to). Writes
-reports/bench-gpu.md and reports/bench-gpu.json; docs/benchmark.md ("On a GPU") says what is measured.
+reports/bench-gpu.md and reports/bench-gpu.json, from the start and at every stage (ablations/bench/gpu_report.py's
+Progress); docs/benchmark.md ("On a GPU") says what is measured. `--prepared DIR` loads the data that
+ablations/data/prepared.py saved there (the GPU check's --prepare), so that no BPE is trained on the GPU's clock.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from ablations.bench.gpu_report import markdown
+from ablations.bench.gpu_decoding import build_searches, time_decoding
+from ablations.bench.gpu_report import Progress
 from ablations.bench.gpu_timing import (
     MODES,
     SYSTEMS,
     Deadline,
+    Entry,
     build_entries,
-    build_searches,
-    time_decoding,
+    measure_compiled,
+    one_line,
     time_steps,
     training_rows,
     warm_up,
@@ -37,12 +41,14 @@ from ablations.bench.report import machine, output_path, shown_args
 from ablations.bench.shapes import stream_shapes
 from ablations.data.batching import BatchStream
 from ablations.data.corpora import data_dir
+from ablations.data.prepared import load_prepared, save_prepared
 from ablations.grid.runner import PreparedData, describe_device, peak_flops, prepare_data
 from ablations.runs.budgets import budget, row_config, select_rows
 from ablations.runs.options import FORESEEN, OneLineParser, check_counts, failed, resolve_device
 from ablations.training.backends import SDPA_BACKENDS
-from ablations.training.stopping import stops_cleanly
-from model.files import write_atomic
+from ablations.training.stopping import Stopped, stops_cleanly
+from model import TransformerConfig
+from model.files import StorageError
 
 # A size: the budget whose data, BPE, batch size and scale it takes, and the Table 3 row it trains.
 SIZES = {"base": ("short", "base"), "big": ("short", "big"), "tiny": ("smoke", "base")}
@@ -69,8 +75,10 @@ class BenchOptions:
     extra: int
     decode_reps: int
     time_limit: float | None
+    compile_estimate: float  # seconds a compile is taken to need until one is measured
     data: Path
     runs: Path
+    prepared: Path | None  # where ablations/data/prepared.py saved the data (None: read and encode it here)
     out: Path
     args: str
 
@@ -93,6 +101,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     p.add_argument("--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)")
     p.add_argument("--runs", default="runs", help="where the BPE cache lives (default runs)")
+    p.add_argument("--prepared", help="load the encoded data saved in this folder (else prepare it, and save it there)")
     p.add_argument("--sizes", help=f"{', '.join(SIZES)} (default base,big on a GPU, tiny on the CPU)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"default {','.join(SYSTEMS)}")
     p.add_argument("--modes", help="eager, compiled (default both on a GPU, eager on the CPU)")
@@ -108,7 +117,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-length", type=int, help="tokens per source (default 20; 8 on the CPU)")
     p.add_argument("--extra", type=int, help="output tokens beyond the source (default 50; 10 on the CPU)")
     p.add_argument("--decode-reps", type=int, default=3, help="timed beam searches per system (default 3)")
-    p.add_argument("--time-limit", type=float, help="seconds: start no new work after it (default none)")
+    p.add_argument("--time-limit", type=float, help="seconds from when the data is ready: none after it (default none)")
+    p.add_argument("--compile-estimate", type=float, default=60.0, help="seconds a compile needs (default 60)")
     p.add_argument("--out", default=str(Path("reports") / "bench-gpu.md"))
     return p
 
@@ -128,6 +138,10 @@ def parse(argv: list[str]) -> BenchOptions:
     )
     if a.time_limit is not None and not a.time_limit > 0:
         raise ValueError(f"--time-limit {a.time_limit}: give a number of seconds above 0")
+    if not a.compile_estimate >= 0:
+        raise ValueError(f"--compile-estimate {a.compile_estimate}: give a number of seconds, 0 or more")
+    if a.prepared and Path(a.prepared).is_file():
+        raise ValueError(f"--prepared {a.prepared} is a file; give the folder the data was prepared in")
     device = resolve_device(a.device)
     gpu = device.type == "cuda"
     backend = choose("--backend", a.backend or ("efficient" if gpu else "default"), SDPA_BACKENDS)
@@ -152,8 +166,10 @@ def parse(argv: list[str]) -> BenchOptions:
         extra=a.extra or (50 if gpu else 10),
         decode_reps=a.decode_reps,
         time_limit=a.time_limit,
+        compile_estimate=a.compile_estimate,
         data=data_dir(a.data),
         runs=Path(a.runs),
+        prepared=Path(a.prepared) if a.prepared else None,
         out=output_path(a.out),
         args=shown_args(argv),
     )
@@ -174,6 +190,7 @@ def batches_of(size: str, data: PreparedData, o: BenchOptions) -> tuple[list, di
         "pad_multiple": pad,
         **stream_shapes(timed),
         "mean_tgt_tokens": sum(x.tgt_tokens for x in timed) / len(timed),
+        "timed_reps": 0,  # the eager entries' repetitions, once timed
     }
     batches = [x.to(o.device) for x in batches]
     for x in batches:  # counted now: the first step to read them would otherwise wait for the GPU
@@ -181,72 +198,151 @@ def batches_of(size: str, data: PreparedData, o: BenchOptions) -> tuple[list, di
     return batches, about
 
 
-def measure_size(size: str, data: PreparedData, o: BenchOptions, deadline: Deadline) -> tuple[list, list, list, dict]:
-    """One size's training and decoding rows, notes, and what its batches hold."""
+def load_data(o: BenchOptions) -> tuple[dict[str, PreparedData], dict[str, str]]:
+    """The data of every budget the sizes take, loaded from --prepared or prepared here (and saved there), checked to
+    hold enough dev sources; and how each was had, for the report."""
+    data, how = {}, {}
+    for size in o.sizes:
+        name = SIZES[size][0]
+        if name in data:
+            continue
+        start = time.perf_counter()
+        data[name] = load_prepared(o.prepared, name) if o.prepared else None
+        if data[name] is not None:
+            how[name] = f"loaded from {o.prepared / name} (--prepared)"
+        else:
+            data[name] = prepare_data(budget(name), budget(name).preset, o.data, o.runs)
+            saved = f", saved to {save_prepared(data[name], o.prepared, name)}" if o.prepared else ""
+            how[name] = f"read, BPE-encoded (BPE cache {o.runs / 'cache'}){saved}"
+        how[name] += f" in {time.perf_counter() - start:.1f} s"
+        fixed_length_sources(data[name].dev_src, o.decode_sentences, o.decode_length)  # enough sources, or say so
+    return data, how
+
+
+def size_setup(size: str, data: PreparedData, o: BenchOptions) -> tuple[TransformerConfig, list, dict]:
+    """The size's model config, its batches on the device, and what they hold."""
     b, row = budget(SIZES[size][0]), select_rows(SIZES[size][1])[0]
-    cfg = row_config(row, b, data.sp.get_piece_size())
-    batches, about = batches_of(size, data, o)
-    entries, models, notes = build_entries(
-        cfg, o.systems, o.modes, o.backend, o.backends, o.device, o.autocast, o.compile_backend
-    )
-    warm_up(entries, batches[: o.warmup], o.device, deadline, o.backend)
-    about["timed_reps"] = time_steps(entries, batches[o.warmup :], o.device, deadline)
-    training, built = training_rows(size, entries, peak_flops(o.device) if o.precision == "bf16" else None), set(models)
-    del entries, models  # the GPU's memory for the decoding models
-    if o.device.type == "cuda":
+    return (row_config(row, b, data.sp.get_piece_size()), *batches_of(size, data, o))
+
+
+def freed(device: torch.device) -> None:
+    """The GPU's memory of models no longer referenced handed back, for the next models."""
+    if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def reporter(size: str, entries: list[Entry], o: BenchOptions, progress: Progress) -> Callable[[str], None]:
+    """What the measuring calls after each stage: the entries' rows as they stand, written with the stage."""
+    peak = peak_flops(o.device) if o.precision == "bf16" else None
+
+    def report(stage: str) -> None:
+        progress.add_training(training_rows(size, entries, peak))
+        progress.write("partial", f"after the {stage} ({size})")
+
+    return report
+
+
+def measure_eager(size: str, data: PreparedData, o: BenchOptions, deadline: Deadline, progress: Progress) -> dict:
+    """The size's eager entries (warm-up, then timed steps interleaved), then its beam searches, all reported as they
+    come; returns the seconds each system's eager steps under --backend took (the compiled phase budgets by them)."""
+    cfg, batches, about = size_setup(size, data, o)
+    eager = ("eager",) if "eager" in o.modes else ()
+    entries, models, notes = build_entries(cfg, o.systems, eager, o.backend, o.backends, o.device, o.autocast)
+    progress.meta["batches"].append(about)
+    progress.notes += [f"{size}: {n}" for n in notes]
+    report = reporter(size, entries, o, progress)
+    warm_up(entries, batches[: o.warmup], o.device, deadline, o.backend, report)
+    about["timed_reps"] = time_steps(entries, batches[o.warmup :], o.device, deadline)
+    report("eager timed steps")
+    eager_s = {e.system: sum(e.times) for e in entries if e.backend == o.backend}
+    built = set(models)
+    del entries, models, report
+    freed(o.device)
     src = fixed_length_sources(data.dev_src, o.decode_sentences, o.decode_length).to(o.device)
     searches = build_searches(cfg, built, src, o.extra, o.autocast, o.device)
-    decoding = time_decoding(size, searches, o.decode_reps, o.backend, o.device, deadline)
-    return training, decoding, [f"{size}: {n}" for n in notes], about
+    progress.decoding += time_decoding(size, searches, o.decode_reps, o.backend, o.device, deadline)
+    progress.write("partial", f"after the beam searches ({size})")
+    return eager_s
 
 
-@stops_cleanly("nothing written (an earlier report is as it was); run the same command again")
-def main(argv: list[str] | None = None) -> int:
-    started = time.perf_counter()  # the time limit counts reading the data too
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        o = parse(argv)
-        data = {}
-        for size in o.sizes:
-            name = SIZES[size][0]
-            if name not in data:
-                data[name] = prepare_data(budget(name), budget(name).preset, o.data, o.runs)
-            fixed_length_sources(data[name].dev_src, o.decode_sentences, o.decode_length)  # enough sources, or say so
-    except FORESEEN as exc:  # a bad flag value, a missing data folder: one line
-        return failed(exc)
-    deadline = Deadline(o.time_limit, started)
-    if o.device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as the runner
-    meta = {
-        **machine(),
+def measure_compiled_size(
+    size: str, data: PreparedData, o: BenchOptions, deadline: Deadline, progress: Progress, eager_s: dict
+) -> None:
+    """The size's compiled entries, on fresh models of the same seed, one after another (measure_compiled)."""
+    cfg, batches, _ = size_setup(size, data, o)
+    entries, _, _ = build_entries(cfg, o.systems, ("compiled",), o.backend, (), o.device, o.autocast, o.compile_backend)
+    report = reporter(size, entries, o, progress)
+    report("building of the compiled entries")
+    measure_compiled(entries, batches, o.warmup, o.device, deadline, o.compile_estimate, eager_s, report)
+    del entries, report
+    freed(o.device)
+    torch._dynamo.reset()  # the next size's models compile afresh, not against this size's cache limit
+
+
+def settings_of(o: BenchOptions) -> dict:
+    """The run's settings, as its report shows them from its first write."""
+    meta = machine()
+    return {
+        **meta,
+        "started_at": meta["date"],
         "device": describe_device(o.device),
         "peak_bf16_flops": peak_flops(o.device),
         "precision": o.precision,
+        "sizes": list(o.sizes),
         "systems": list(o.systems),
         "modes": list(o.modes),
         "backend": o.backend,
         "backends": list(o.backends),
         "compile_backend": o.compile_backend,
+        "compile_estimate": o.compile_estimate,
         "warmup": o.warmup,
         "steps": o.steps,
         "decode": {"sentences": o.decode_sentences, "length": o.decode_length, "extra": o.extra, "reps": o.decode_reps},
         "time_limit": o.time_limit,
+        "prepare_s": 0.0,
+        "data_from": {},
+        "batches": [],
         "args": o.args,
     }
-    training, decoding, notes, batches = [], [], [], []
-    for size in o.sizes:
-        rows, searches, lines, about = measure_size(size, data[SIZES[size][0]], o, deadline)
-        training, decoding, notes, batches = training + rows, decoding + searches, notes + lines, batches + [about]
-        if o.device.type == "cuda":
-            torch.cuda.empty_cache()
-        torch._dynamo.reset()  # the next size's models compile afresh, not against this size's cache limit
-    meta["batches"] = batches
-    write_atomic(o.out, markdown(meta, training, decoding, notes))
-    write_atomic(
-        o.out.with_suffix(".json"),
-        json.dumps({**meta, "training": training, "decoding": decoding, "notes": notes}, indent=2) + "\n",
-    )
+
+
+def measure(o: BenchOptions, progress: Progress) -> None:
+    """Read the data (timed apart), then every size's eager entries and beam searches, then its compiled entries:
+    no compile runs beside a timed eager step, and every entry's eager rows come before any compile."""
+    start = time.perf_counter()
+    data, progress.meta["data_from"] = load_data(o)
+    progress.meta["prepare_s"] = time.perf_counter() - start
+    deadline = Deadline(o.time_limit)  # from now: the data is ready
+    progress.write("partial", "after reading the data")
+    if o.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as the runner
+    eager_s = {size: measure_eager(size, data[SIZES[size][0]], o, deadline, progress) for size in o.sizes}
+    if "compiled" in o.modes:
+        for size in o.sizes:
+            measure_compiled_size(size, data[SIZES[size][0]], o, deadline, progress, eager_s[size])
+
+
+@stops_cleanly("the report holds what was measured before the stop; run the same command again")
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        o = parse(argv)
+        progress = Progress(o.out, settings_of(o))
+        progress.write("started", "reading the data")  # an earlier run's report is gone from here on
+    except FORESEEN as exc:  # a bad flag value, a missing data folder: one line
+        return failed(exc)
+    try:
+        measure(o, progress)
+    except Stopped as stop:
+        progress.write("stopped", str(stop))
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever ended the run, its report says so (unless it cannot be written)
+        if not isinstance(exc, StorageError):
+            progress.write("failed", one_line(exc))
+        if isinstance(exc, FORESEEN):  # the data unreadable, a report that cannot be written: one line
+            return failed(exc)
+        raise
+    progress.write("complete")
     print(o.out.read_text())
     return 0
 

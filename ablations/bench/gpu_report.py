@@ -1,7 +1,15 @@
-"""The GPU benchmark's report (reports/bench-gpu.md): the machine, how the steps were timed, and the tables of
-ablations/bench/gpu_timing.py's rows. Only measured numbers; an entry without a timing says why."""
+"""The GPU benchmark's report (reports/bench-gpu.md and .json): the machine, how the steps were timed, and the tables
+of ablations/bench/gpu_timing.py's rows. Only measured numbers; an entry without a timing says why. Rewritten at every
+stage of the run, so that a stop or a kill leaves the last complete report, marked with how far it got."""
 
 from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from model.files import StorageError, write_atomic
 
 
 def _num(value: float | None, scale: float = 1.0, digits: int = 1, unit: str = "") -> str:
@@ -31,7 +39,7 @@ def training_table(rows: list[dict], backend: str) -> list[str]:
     }
     lines = [
         f"| size | system | mode | attention | timed steps | target tok/s | p50 ms | p99 ms | max ms | MFU | warm-up s "
-        f"(graphs compiled) | compiling in timed steps | peak GiB | vs eager, {backend} | note |",
+        f"(graphs compiled; steps that compiled) | compiling in timed steps | peak GiB | vs eager, {backend} | note |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -40,7 +48,7 @@ def training_table(rows: list[dict], backend: str) -> list[str]:
             f"| {r['size']} | {r['system']} | {r['mode']} | {r['backend']} | {r['timed_steps']} | {_num(rate, digits=0)} | "
             f"{_num(r['step_s_p50'], 1e3)} | {_num(r['step_s_p99'], 1e3)} | {_num(r['step_s_max'], 1e3)} | "
             f"{_num(r['mfu'], 100, unit='%')} | "
-            f"{r['warmup_s']:.1f} ({r['warmup_compiles']}) | "
+            f"{r['warmup_s']:.1f} ({r['warmup_compiles']}; {r['warmup_compiling_steps']}) | "
             f"{r['timed_compiling_steps']} ({r['timed_compiling_s']:.1f} s) | {_num(r['peak_gib'])} | "
             f"{f'{rate / ref:.2f}x' if rate and ref else '-'} | {'' if r['status'] == 'measured' else r['status']} |"
         )
@@ -73,29 +81,52 @@ def batches_line(about: dict) -> str:
     )
 
 
-def markdown(meta: dict, training: list[dict], decoding: list[dict], notes: list[str]) -> str:
+def status_line(report: dict) -> str:
+    """What a report that is not the run's last says about itself."""
+    when = f"written {report['written']} by the run started {report['started_at']}"
+    if report["status"] == "started":
+        return f"**Started**, nothing measured yet ({when}): {report['stage']}."
+    return f"**{report['status'].capitalize()}** ({when}): {report['stage']}; the tables hold what was measured before."
+
+
+def data_line(report: dict) -> str:
+    how = "; ".join(f"{name}: {how}" for name, how in report["data_from"].items())
+    return f"Data ready after {report['prepare_s']:.1f} s, before the time limit's clock starts ({how or 'not yet'})."
+
+
+def markdown(report: dict) -> str:
+    """The report (the run's settings and what they measured, as Progress.write gathers them) as markdown."""
+    meta, training, decoding, notes = report, report["training"], report["decoding"], report["notes"]
     command = f"python -m ablations.bench.gpu {meta['args']}".strip()
     limit = ""
     if meta["time_limit"]:
-        limit = f" Time limit {meta['time_limit']:.0f} s (`--time-limit`): work it left no room for says so."
+        limit = (
+            f" Time limit {meta['time_limit']:.0f} s (`--time-limit`) from when the data is ready, under an alarm that "
+            f"ends the work where it is; a compile starts only when the time left holds one (`--compile-estimate` "
+            f"{meta['compile_estimate']:.0f} s until one is measured) and its timed steps. Work it left no room for "
+            "says so."
+        )
     lines = [
         "# GPU benchmark: training step and beam search beside peers",
         "",
+        *([status_line(report), ""] if report["status"] != "complete" else []),
         f"Measured by `{command}` on {meta['device']}, torch {meta['torch']}, commit {meta['commit']}, {meta['date']} "
-        f"(host: {meta['cpu']}, {meta['cores']} cores).",
+        f"(host: {meta['cpu']}, {meta['cores']} cores). {data_line(report)}",
         "",
         f"Training: {'bf16 autocast (the loss in fp32)' if meta['precision'] == 'bf16' else 'fp32'}, fused Adam at a "
-        f"fixed learning rate of 1e-4; compiled = torch.compile (backend {meta['compile_backend']}, dynamic=None) of "
-        f"the model's forward. Attention backend of every mode: {meta['backend']} (the runner's choice on a GPU is "
-        "efficient); the other backends ran eager. " + mfu_note(meta),
+        f"fixed learning rate of 1e-4; compiled = torch.compile (backend {meta['compile_backend']}, dynamic=True: one "
+        "compile serves every batch shape, source and target lengths apart symbols) of the model's forward. Attention "
+        f"backend of every mode: {meta['backend']} (the runner's choice on a GPU is efficient); the other backends ran "
+        "eager. " + mfu_note(meta),
         "",
         *(f"- {batches_line(about)}" for about in meta["batches"]),
         "",
         f"Every entry first takes {meta['warmup']} untimed warm-up steps (column 'warm-up s': torch.compile's compiling "
-        f"is there), then up to {meta['steps']} timed steps, interleaved across entries on the same batch in each "
-        "repetition (the order reversed every other one), torch.cuda.synchronize() before and after each step on "
-        "CUDA. A timed step in which torch compiled a graph is counted apart, not in the percentiles. p99 is the "
-        f"nearest rank: of fewer than 100 steps it is the largest.{limit}",
+        f"is there), then up to {meta['steps']} timed steps. Eager entries come first, interleaved on the same batch "
+        "in each repetition (the order reversed every other one), then beam search, then each compiled entry in turn, "
+        "its compile and its timed steps, so that no compile runs beside a timed eager step. torch.cuda.synchronize() "
+        "before and after each step on CUDA. A timed step in which torch compiled a graph is counted apart, not in the "
+        f"percentiles. p99 is the nearest rank: of fewer than 100 steps it is the largest.{limit}",
         "",
         "## Training step",
         "",
@@ -114,3 +145,34 @@ def markdown(meta: dict, training: list[dict], decoding: list[dict], notes: list
         lines += ["", *(f"- {line}" for line in notes)]
     lines += ["", f"Regenerate: `{command}`."]
     return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Progress:
+    """The report as the run goes, rewritten whole (the JSON, then the markdown, each atomically) at every stage, so
+    that a stop or a kill at any moment leaves the last one, its status saying how far it got: started, partial,
+    stopped, failed or complete. The first write replaces an earlier run's report, which is never taken for this
+    one's."""
+
+    out: Path
+    meta: dict  # the run's settings; its sizes and systems order the rows
+    training: dict[tuple, dict] = field(default_factory=dict)  # by size, system, mode, attention backend
+    decoding: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add_training(self, rows: list[dict]) -> None:
+        for r in rows:
+            self.training[r["size"], r["system"], r["mode"], r["backend"]] = r
+
+    def write(self, status: str, stage: str = "") -> None:
+        sizes, systems = self.meta["sizes"], self.meta["systems"]
+        rows = sorted(self.training.values(), key=lambda r: (sizes.index(r["size"]), systems.index(r["system"])))
+        written = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        report = {**self.meta, "status": status, "stage": stage, "written": written, "training": rows}
+        report |= {"decoding": self.decoding, "notes": self.notes}
+        try:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(self.out.parent, exc) from None
+        write_atomic(self.out.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
+        write_atomic(self.out, markdown(report))

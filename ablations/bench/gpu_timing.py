@@ -1,17 +1,19 @@
-"""The GPU benchmark's measurements (python -m ablations.bench.gpu runs them): training steps of several systems on
-the same batches, eager and compiled, under chosen attention backends, interleaved repetition by repetition; and
-beam search beside HF generate.
+"""The GPU benchmark's training measurements (python -m ablations.bench.gpu runs them): training steps of several
+systems on the same batches, eager and compiled, under chosen attention backends.
 
-Each entry's first steps are warm-up, timed apart (they hold torch.compile's compiling); a timed step in which torch
-compiled a graph is kept apart too, so that step times are steps, not compiling. On CUDA every timed region starts
-and ends with torch.cuda.synchronize(). A step that raises under a restricted attention backend marks that entry
-unsupported, and the others go on.
+Eager entries come first: each one's warm-up, then their timed steps, interleaved repetition by repetition. Compiled
+entries come after, one at a time, so that a compile (and inductor's worker processes) never runs beside a timed eager
+step: each compiles once (dynamic shapes from the first step) in its warm-up, then takes its timed steps; it starts
+only when the time left holds a compile. A timed step in which torch compiled a graph is kept apart, so that step
+times are steps, not compiling. On CUDA every timed region starts and ends with torch.cuda.synchronize(). A step that
+raises under a restricted attention backend marks that entry unsupported, and the others go on. All of it runs under
+the time limit's alarm, which ends the work where it is (a compile, a step) and keeps what was measured.
 """
 
 from __future__ import annotations
 
 import signal
-import statistics
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -19,29 +21,31 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
+from torch.fx.experimental import _config as fx_config
 from tqdm.auto import tqdm
 
 from ablations.bench import peers
 from ablations.bench.measure import alternate
 from ablations.bench.variants import VARIANTS
-from ablations.data.bpe import PAD
-from ablations.scoring.decoding import beam_search
 from ablations.training.backends import sdpa_backend
 from ablations.training.clock import percentiles
 from ablations.training.compiling import compile_model, compiles
 from ablations.training.train import make_optimizer, train_step
-from model import Transformer, TransformerConfig, count_parameters
+from model import TransformerConfig, count_parameters
 from model.batch import Batch
 from model.params import training_flops
 
 # The systems by their short names (--systems) and the names of their builds in ablations/bench/variants.py.
 SYSTEMS = {"reference": "reference", "torch-nn": "torch.nn.Transformer adapter", "hf-marian": "HF MarianMT, same dims"}
 MODES = ("eager", "compiled")
-# Shares of --time-limit: no entry starts its warm-up after the first, a warm-up still running (compiling) at the
-# second is abandoned, no timed repetition starts after the third, no beam search after the limit itself.
-WARMUP_STARTS, WARMUP_ENDS, TIMING_ENDS = 0.5, 0.75, 0.85
+PENDING = "not measured yet"
+WARMED = "warmed up, not timed yet"
 MEASURED = "measured"
 TIME_UP = "not measured: the time limit came first"
+
+
+def no_report(stage: str) -> None:
+    """What the measuring calls after each stage when no report is being written (tests)."""
 
 
 class TimeUp(Exception):
@@ -50,32 +54,52 @@ class TimeUp(Exception):
 
 @dataclass(frozen=True)
 class Deadline:
-    """An optional limit in seconds from `start`; `past(f)`: more than the fraction f of it is spent."""
+    """An optional limit in seconds from `start` (when the data is ready: reading it is timed apart)."""
 
     limit_s: float | None
     start: float = field(default_factory=time.perf_counter)
 
-    def past(self, fraction: float = 1.0) -> bool:
-        return self.limit_s is not None and time.perf_counter() - self.start > fraction * self.limit_s
+    def past(self) -> bool:
+        return self.left() < 0
+
+    def left(self) -> float:
+        """Seconds before the limit (infinite without one)."""
+        return float("inf") if self.limit_s is None else self.start + self.limit_s - time.perf_counter()
 
     @contextmanager
-    def enforced(self, fraction: float) -> Iterator[None]:
-        """Raise TimeUp wherever the work is when that fraction of the limit is spent (a compile can take minutes);
-        off the main thread, or without a limit, nothing is raised."""
+    def enforced(self) -> Iterator[None]:
+        """Raise TimeUp wherever the work is when the limit comes (a compile can take minutes); off the main thread,
+        or without a limit, nothing is raised."""
         if self.limit_s is None or threading.current_thread() is not threading.main_thread():
             yield
             return
 
         def ring(signum: int, frame: object) -> None:
-            raise TimeUp(f"{fraction:.0%} of the time limit of {self.limit_s:.0f} s is spent")
+            raise TimeUp(f"the time limit of {self.limit_s:.0f} s is spent")
 
         previous = signal.signal(signal.SIGALRM, ring)
-        signal.setitimer(signal.ITIMER_REAL, max(self.start + fraction * self.limit_s - time.perf_counter(), 1e-3))
+        signal.setitimer(signal.ITIMER_REAL, max(self.left(), 1e-3))
         try:
             yield
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
+
+    @contextmanager
+    def until_limit(self) -> Iterator[None]:
+        """The block under the alarm at the limit, ended quietly where it is when the alarm rings: what it measured
+        before stands."""
+        try:
+            with self.enforced():
+                yield
+        except Exception as exc:  # noqa: BLE001 - torch.compile wraps the alarm in errors of its own
+            if not self.rang(exc):
+                raise
+
+    def rang(self, exc: BaseException) -> bool:
+        """Whether exc is the alarm's: TimeUp in its chain of causes, or any error once the limit is past (torch can
+        turn the alarm into an error of its own with no chain, such as a TypeError from its fake tensors)."""
+        return caused_by(exc, TimeUp) or self.past()
 
 
 @dataclass
@@ -88,9 +112,10 @@ class Entry:
     cfg: TransformerConfig
     counts: dict[str, int]
     step: Callable[[Batch], object]
-    status: str = MEASURED  # else why it has no timing: unsupported, failed, out of memory, time limit
+    status: str = PENDING  # then WARMED, MEASURED, or why it has no timing: unsupported, failed, out of memory, time
     warmup_s: float = 0.0  # untimed first steps, torch.compile's compiling included
-    warmup_compiles: int = 0
+    warmup_compiles: int = 0  # graphs compiled in them
+    warmup_compiling_steps: int = 0  # those of them in which torch compiled: 1 when one compile serves every shape
     times: list[float] = field(default_factory=list)  # timed steps in which nothing compiled
     compiling: list[float] = field(default_factory=list)  # timed steps in which torch compiled a graph
     flops: float = 0.0  # model FLOPs of the steps in `times`
@@ -165,7 +190,7 @@ def build_entries(
         models[system] = model
         ways = [(mode, backend) for mode in modes] + [("eager", b) for b in backends if b != backend]
         for mode, b in ways:
-            forward = compile_model(model, backend=compile_backend) if mode == "compiled" else model
+            forward = compile_model(model, dynamic=True, backend=compile_backend) if mode == "compiled" else model
             entries.append(
                 Entry(system, mode, b, cfg, counts, training_step(model, forward, optimizer, b, lr, autocast))
             )
@@ -184,62 +209,123 @@ def timed_step(entry: Entry, batch: Batch, device: torch.device) -> tuple[float,
     return seconds, compiles() - graphs
 
 
-def time_up(exc: BaseException | None) -> bool:
-    """Whether TimeUp caused exc (torch.compile wraps what interrupts it in errors of its own)."""
+def caused_by(exc: BaseException | None, kind: type[BaseException]) -> bool:
+    """Whether an exception of `kind` is exc or in the chain of its causes (torch.compile wraps what interrupts it)."""
     for _ in range(20):  # the chain of causes, not followed without end
-        if exc is None or isinstance(exc, TimeUp):
+        if exc is None or isinstance(exc, kind):
             return exc is not None
         exc = exc.__cause__ or exc.__context__
     return False
 
 
-def _fail(entry: Entry, exc: Exception, device: torch.device, when: str) -> None:
-    entry.status = TIME_UP if time_up(exc) else failure(exc, entry.backend) + when
+def _fail(entry: Entry, exc: Exception, device: torch.device, deadline: Deadline, when: str) -> None:
+    entry.status = TIME_UP if deadline.rang(exc) else failure(exc, entry.backend) + when
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
 
+def warm(entry: Entry, batches: list[Batch], device: torch.device, deadline: Deadline) -> None:
+    """The entry's untimed first steps (a compiled entry's compile) under the alarm: WARMED, else why not."""
+    if deadline.past():
+        entry.status = TIME_UP
+        return
+    try:
+        with deadline.enforced():
+            for batch in batches:
+                seconds, graphs = timed_step(entry, batch, device)
+                entry.warmup_s, entry.warmup_compiles = entry.warmup_s + seconds, entry.warmup_compiles + graphs
+                entry.warmup_compiling_steps += graphs > 0
+        entry.status = WARMED
+    except Exception as exc:  # noqa: BLE001 - unsupported backend, out of memory, time up: that entry only
+        _fail(entry, exc, device, deadline, " (in warm-up)")
+
+
 def warm_up(
-    entries: list[Entry], batches: list[Batch], device: torch.device, deadline: Deadline, backend: str | None = None
+    entries: list[Entry],
+    batches: list[Batch],
+    device: torch.device,
+    deadline: Deadline,
+    backend: str | None = None,
+    report: Callable[[str], None] = no_report,
 ) -> None:
-    """Each entry's untimed first steps, entry after entry: those under `backend` first, eager before compiled
-    (compiling is slow), then the other backends'. An entry whose step raises is marked and left out of the timing,
-    as are those the time limit leaves no room for (a compile still running at WARMUP_ENDS of it is abandoned)."""
-    order = sorted(entries, key=lambda e: (e.backend != backend, e.mode == "compiled"))
-    for entry in tqdm(order, desc="warm-up", unit="entry", leave=False):
-        if deadline.past(WARMUP_STARTS):
-            entry.status = TIME_UP
-            continue
-        try:
-            with deadline.enforced(WARMUP_ENDS):
-                for batch in batches:
-                    seconds, graphs = timed_step(entry, batch, device)
-                    entry.warmup_s, entry.warmup_compiles = entry.warmup_s + seconds, entry.warmup_compiles + graphs
-        except Exception as exc:  # noqa: BLE001 - unsupported backend, out of memory, time up: that entry only
-            _fail(entry, exc, device, " (in warm-up)")
+    """Each entry's untimed first steps, entry after entry, those under `backend` first; `report` after each."""
+    for entry in tqdm(sorted(entries, key=lambda e: e.backend != backend), desc="warm-up", unit="entry", leave=False):
+        warm(entry, batches, device, deadline)
+        report(f"warm-up of {entry.system}, {entry.mode}, {entry.backend}")
 
 
 def time_steps(entries: list[Entry], batches: list[Batch], device: torch.device, deadline: Deadline) -> int:
-    """Timed steps of every entry still measured, all on the same batch in each repetition, the order alternating;
-    returns the repetitions done. An entry that raises now loses its timing (it would cover other batches)."""
+    """Timed steps of every warmed-up entry, all on the same batch in each repetition, the order alternating, under
+    the alarm (the steps timed before it rings stand); returns the repetitions done. An entry that raises now loses
+    its timing (it would cover other batches)."""
+    timing = [e for e in entries if e.status == WARMED]
+    for entry in timing:
+        entry.status = MEASURED
     done = 0
-    for i, batch in enumerate(tqdm(batches, desc="timed steps", unit="rep", leave=False)):
-        if deadline.past(TIMING_ENDS):
-            break
-        for entry in alternate([e for e in entries if e.status == MEASURED], i):
-            try:
-                seconds, graphs = timed_step(entry, batch, device)
-            except Exception as exc:  # noqa: BLE001
-                _fail(entry, exc, device, f" (at timed step {i + 1})")
-                continue
-            if graphs:
-                entry.compiling.append(seconds)
-            else:
-                entry.times.append(seconds)
-                entry.flops += training_flops(entry.cfg, entry.counts, batch.src_tokens, batch.tgt_tokens)
-                entry.tgt_tokens += batch.tgt_tokens
-        done = i + 1
+    with deadline.until_limit():
+        for i, batch in enumerate(tqdm(batches, desc="timed steps", unit="rep", leave=False)):
+            for entry in alternate([e for e in timing if e.status == MEASURED], i):
+                try:
+                    seconds, graphs = timed_step(entry, batch, device)
+                except Exception as exc:  # noqa: BLE001
+                    if deadline.rang(exc):
+                        raise
+                    _fail(entry, exc, device, deadline, f" (at timed step {i + 1})")
+                    continue
+                if graphs:
+                    entry.compiling.append(seconds)
+                else:
+                    entry.times.append(seconds)
+                    entry.flops += training_flops(entry.cfg, entry.counts, batch.src_tokens, batch.tgt_tokens)
+                    entry.tgt_tokens += batch.tgt_tokens
+            done = i + 1
     return done
+
+
+def shut_compile_workers() -> None:
+    """Stop inductor's compile workers if any were started: a compile that the alarm abandoned leaves them compiling,
+    taking the host's cores from whatever runs next. The processes that compile GPU kernels are shut down; the threads
+    that compile CPU kernels (each running the C++ compiler) finish the kernel in hand and take no other."""
+    inductor = sys.modules.get("torch._inductor.async_compile")
+    if inductor is None:
+        return
+    inductor.shutdown_compile_workers()
+    if inductor.AsyncCompile.pool.cache_info().currsize:
+        inductor.AsyncCompile.pool().shutdown(wait=True, cancel_futures=True)
+        inductor.AsyncCompile.pool.cache_clear()
+
+
+def measure_compiled(
+    entries: list[Entry],
+    batches: list[Batch],
+    warmup: int,
+    device: torch.device,
+    deadline: Deadline,
+    estimate_s: float,
+    eager_s: dict[str, float],
+    report: Callable[[str], None] = no_report,
+) -> None:
+    """Each compiled entry in turn: its `warmup` steps (its one compile), then its timed steps on the rest of
+    `batches`. One starts only when the time left holds a compile (`estimate_s` until one is measured, then the
+    longest measured) and the seconds its eager twin's steps took (`eager_s` by system): else it is skipped, said so,
+    rather than abandoned midway. Source and target lengths stay apart symbols (no duck sizing), so that a batch whose
+    two lengths match does not cost a recompile at the next batch."""
+    measured: list[float] = []
+    with fx_config.patch(use_duck_shape=False):
+        for entry in entries:
+            left, need = deadline.left(), (max(measured) if measured else estimate_s) + eager_s.get(entry.system, 0.0)
+            if left < need:
+                entry.status = f"not measured: no room for its compile ({max(left, 0):.0f} s left, {need:.0f} s needed)"
+                report(f"{entry.system} compiled skipped")
+                continue
+            warm(entry, batches[:warmup], device, deadline)
+            report(f"compile of {entry.system}")
+            if entry.status == TIME_UP:
+                shut_compile_workers()
+            elif entry.status == WARMED:
+                measured.append(entry.warmup_s)
+                time_steps([entry], batches[warmup:], device, deadline)
+                report(f"timed steps of {entry.system} compiled")
 
 
 def training_rows(size: str, entries: list[Entry], peak: float | None) -> list[dict]:
@@ -261,99 +347,10 @@ def training_rows(size: str, entries: list[Entry], peak: float | None) -> list[d
                 **{f"step_s_{k}": v if ok else None for k, v in percentiles(e.times).items()},
                 "warmup_s": e.warmup_s,
                 "warmup_compiles": e.warmup_compiles,
+                "warmup_compiling_steps": e.warmup_compiling_steps,
                 "timed_compiling_steps": len(e.compiling),
                 "timed_compiling_s": sum(e.compiling),
                 "peak_gib": e.peak_bytes / 2**30 if e.peak_bytes else None,
-            }
-        )
-    return rows
-
-
-def reference_search(
-    model: torch.nn.Module, src: torch.Tensor, extra: int, autocast: torch.dtype | None
-) -> Callable[[], int]:
-    """Beam 4 by the reference's beam_search (up to source length + extra); the call returns the output tokens."""
-
-    def run() -> int:
-        with torch.autocast(src.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-            return sum(len(h) + 1 for h in beam_search(model, src, src.eq(PAD), beam=4, extra_len=extra))
-
-    return run
-
-
-def hf_search(
-    model: torch.nn.Module, src: torch.Tensor, length: int, autocast: torch.dtype | None
-) -> Callable[[], int]:
-    """Beam 4 by HF generate, forced to `length` new tokens; the call returns the output tokens."""
-    generate = peers.hf_generate(model)
-
-    def run() -> int:
-        with torch.autocast(src.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-            generate(src, 4, length)
-        return src.size(0) * length
-
-    return run
-
-
-def build_searches(
-    cfg: TransformerConfig,
-    systems: set[str],
-    src: torch.Tensor,
-    extra: int,
-    autocast: torch.dtype | None,
-    device: torch.device,
-) -> dict[str, Callable[[], int]]:
-    """Beam search by fresh (untrained) models of those `systems` that decode here, the reference and HF MarianMT: a
-    model trained for a few steps soon ends every hypothesis at once, which would leave nothing to time."""
-    searches = {}
-    torch.manual_seed(0)
-    if "reference" in systems:
-        searches["reference beam_search"] = reference_search(Transformer(cfg).to(device).eval(), src, extra, autocast)
-    marian = peers.hf_marian(cfg) if "hf-marian" in systems else None
-    if marian is not None:
-        searches["HF MarianMT generate"] = hf_search(marian.to(device).eval(), src, src.size(1) + extra, autocast)
-    return searches
-
-
-def time_decoding(
-    size: str,
-    searches: dict[str, Callable[[], int]],
-    reps: int,
-    backend: str,
-    device: torch.device,
-    deadline: Deadline,
-) -> list[dict]:
-    """One untimed search per system, then `reps` interleaved timed ones (fewer if the time limit comes first)."""
-    times: dict[str, list[float]] = {name: [] for name in searches}
-    tokens, status = dict.fromkeys(searches, 0), dict.fromkeys(searches, MEASURED)
-    with torch.no_grad(), sdpa_backend(backend):
-        for i in tqdm(range(reps + 1), desc="beam search", unit="rep", leave=False):
-            if deadline.past():
-                break
-            for name, run in alternate(searches.items(), i):
-                if status[name] != MEASURED:
-                    continue
-                try:
-                    start = synced(device)
-                    tokens[name] = run()
-                    seconds = synced(device) - start
-                except Exception as exc:  # noqa: BLE001
-                    status[name] = failure(exc, backend)
-                    continue
-                if i:  # the first search of each system is warm-up
-                    times[name].append(seconds)
-    rows = []
-    for name, t in times.items():
-        s = statistics.median(t) if t and status[name] == MEASURED else None
-        rows.append(
-            {
-                "size": size,
-                "system": name,
-                "status": status[name] if status[name] != MEASURED or s else TIME_UP,
-                "reps": len(t),
-                "s": s,
-                "output_tokens": tokens[name],
-                "output_tokens_per_s": tokens[name] / s if s else None,
             }
         )
     return rows

@@ -27,7 +27,8 @@ from ablations.runs.options import RunOptions
 from ablations.runs.outcomes import outcome_line
 from ablations.scoring.evaluate import dev_bleu, perplexity
 from ablations.training.backends import sdpa_backend
-from ablations.training.distributed import SINGLE, Ranks, from_main
+from ablations.training.distributed import SINGLE, Ranks, backend, from_main
+from ablations.training.peaks import peak, peak_flops  # noqa: F401 (peak_flops: ablations/bench/gpu.py reads it here)
 from ablations.training.throughput import gemm_flops, throughput
 from ablations.training.train import Diverged, train
 from model import ModelSpec, count_parameters, load_model
@@ -35,8 +36,6 @@ from model.files import StorageError, write_atomic
 from model.params import training_flops
 from model.provenance import git_commit
 from model.table3 import Table3Row
-
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}  # dense, per GPU
 
 
 @dataclass(frozen=True)
@@ -112,14 +111,6 @@ def describe_device(device: torch.device, processes: int = 1) -> str:
     """The device's name; '<n> x <name>' for a data-parallel run over n processes."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     return f"{processes} x {name}" if processes > 1 else name
-
-
-def peak_flops(device: torch.device) -> float | None:
-    """bf16 dense peak of a known GPU; None on CPU or an unknown GPU (then MFU is not reported)."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
 
 
 def plan_run(grid: Grid, row: Table3Row, seed: int, data: PreparedData) -> R.Run:
@@ -202,7 +193,12 @@ def prepare_directory(run: R.Run) -> None:
 
 
 def train_and_score(grid: Grid, run: R.Run, data: PreparedData, on_step: Callable[[int], None] | None) -> str:
-    """Build, train (resuming), score and record one run whose lock this process holds; returns its status."""
+    """Build, train (resuming), score and record one run whose lock this process holds; returns its status.
+
+    final.json's tokens_per_s and mfu are the steady state: the tokens of the steps that compiled nothing over
+    their seconds. wall_s is every training step's seconds (compiling included; evaluation and checkpoints not), and
+    wall_tokens_per_s and wall_mfu are the rates over it; compile_s and compiles say what compiling took.
+    """
     cfg, settings, directory, label = run.config, run.settings, run.directory, run.label
     header = {k: v for k, v in run.identity.items() if k not in ("config", "train", "data")}
     final = {
@@ -221,8 +217,14 @@ def train_and_score(grid: Grid, run: R.Run, data: PreparedData, on_step: Callabl
         "compiles": None,
         "tokens_per_s": None,
         "mfu": None,
+        "wall_tokens_per_s": None,
+        "wall_mfu": None,
         "gemm_fraction": None,
         "device": describe_device(grid.device, grid.ranks.world),
+        "peak_card": None,
+        "peak_flops": None,
+        "ddp": grid.ranks.parallel,  # DistributedDataParallel, over the process group's backend (nccl, gloo)
+        "dist_backend": backend(grid.ranks),
         "torch": torch.__version__,
         "commit": git_commit(),
         "date": None,
@@ -245,14 +247,18 @@ def train_and_score(grid: Grid, run: R.Run, data: PreparedData, on_step: Callabl
             wall_s=state.wall_s,
             compile_s=state.compile_s,
             compiles=state.compiles,
-            tokens_per_s=state.tokens_seen / state.wall_s if state.wall_s else None,
+            tokens_per_s=state.steady_tokens / state.steady_s if state.steady_s else None,
+            wall_tokens_per_s=state.tokens_seen / state.wall_s if state.wall_s else None,
         )
-        peak = peak_flops(grid.device)
-        if final["tokens_per_s"]:  # about half the tokens are source, half target; tokens/s of all ranks
+        card = peak(grid.device)
+        if card:
+            final.update(peak_card=card.card, peak_flops=card.flops)
+            for rate, mfu in (("tokens_per_s", "mfu"), ("wall_tokens_per_s", "wall_mfu")):
+                if final[rate]:  # about half the tokens are source, half target; tokens/s of all ranks
+                    half = final[rate] / 2
+                    final[mfu] = training_flops(cfg, counts, half, half) / (card.flops * grid.ranks.world)
+        if final["tokens_per_s"]:  # what this machine's fp32 GEMMs reach now, on its threads: the step's share of it
             half = final["tokens_per_s"] / 2
-            if peak:
-                final["mfu"] = training_flops(cfg, counts, half, half) / (peak * grid.ranks.world)
-            # What this machine's fp32 GEMMs reach now, on this process's threads: the step's share of it.
             final["gemm_fraction"] = throughput(cfg, counts, half, half, 1.0, gemm_flops(grid.device))["gemm_fraction"]
         started = time.perf_counter()
         final["dev_ppl"] = perplexity(

@@ -2,7 +2,9 @@
 
     <runs>/<budget>/<row>-s<seed>-<confighash8>/
         config.json    what the run is: row, seed, budget, preset, model spec, model config, training settings
-        metrics.jsonl  one line per logged step: step, loss, lr, tokens_per_s, time_s (and dev_ppl at evaluations)
+        metrics.jsonl  one line per logged step: step, loss, lr, the window's steady tokens_per_s, step_s_p50,
+                       step_s_max (plain steps), step_s_max_all (compiling ones too), compile_s, compiles, time_s (and
+                       dev_ppl at evaluations); a stop between logging steps adds one line marked "stopped"
         final.json     written once the run has ended: status finished | diverged | failed, metrics, provenance
         attempts.json  how many times the run failed (bounded retries)
         dev_hypotheses.txt  the beam-search output on the dev set
@@ -123,8 +125,9 @@ def append_metrics(directory: Path, record: dict) -> None:
 
 
 def truncate_metrics(directory: Path, step: int) -> None:
-    """Keep the records up to a checkpoint's step (a resumed run logs the later steps again)."""
-    kept = [r for r in read_metrics(directory) if r["step"] <= step]
+    """Keep the records up to a checkpoint's step (a resumed run logs the later steps again), less the record of the
+    steps a stop cut off from their logging window (it stands for the run cut short; resumed, that window is logged)."""
+    kept = [r for r in read_metrics(directory) if r["step"] <= step and not r.get("stopped")]
     write_atomic(directory / METRICS, "".join(json.dumps(r) + "\n" for r in kept))
 
 

@@ -17,6 +17,7 @@ import torch
 
 from ablations.data.corpora import ENV_VAR, PRESETS, DataError, data_dir
 from ablations.runs.budgets import BUDGETS, INIT_RULES, SDPA_BACKENDS, Budget, budget, row_config, select_rows
+from ablations.training.distributed import from_environment
 from model import SpecError, count_parameters, files, load_model
 from model.config import field_names
 from model.files import StorageError
@@ -45,6 +46,7 @@ class RunOptions:
     max_attempts: int
     threads: int | None
     argv: tuple[str, ...]  # the options as given, after `run`: a resume hint repeats them, the fan-out passes them on
+    ddp: bool = False  # data-parallel even as one process under torchrun (ablations/training/distributed.py)
 
 
 def failed(exc: Exception) -> int:
@@ -106,9 +108,12 @@ def budget_with(
     init: str | None = None,
     compile: bool | None = None,
     sdpa_backend: str | None = None,
+    checkpoint_every: int | None = None,
 ) -> Budget:
     """The named budget with the command line's overrides, where given."""
     b = budget(name)
+    if checkpoint_every is not None:
+        b = b.replace(checkpoint_every=checkpoint_every)
     if compile is not None:
         b = b.replace(compile=compile)
     if sdpa_backend is not None:
@@ -184,9 +189,18 @@ def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
         ("--accumulation", args.accumulation),
         ("--max-attempts", args.max_attempts),
         ("--threads", args.threads),
+        ("--checkpoint-every", args.checkpoint_every),
     )
     b = budget_with(
-        args.budget, args.steps, args.warmup, args.dev_pairs, args.lr_peak, args.init, args.compile, args.sdpa_backend
+        args.budget,
+        args.steps,
+        args.warmup,
+        args.dev_pairs,
+        args.lr_peak,
+        args.init,
+        args.compile,
+        args.sdpa_backend,
+        args.checkpoint_every,
     )
     if args.accumulation is not None and args.accumulation > b.batch_tokens:
         raise ValueError(
@@ -197,6 +211,8 @@ def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
     if device.type == "cpu" and (args.compile or args.sdpa_backend not in (None, "default")):
         flag = "--compile" if args.compile else f"--sdpa-backend {args.sdpa_backend}"
         raise ValueError(f"{flag}: used on a GPU only (the CPU runs eager, in fp32); leave it out with --device cpu")
+    if args.ddp:
+        from_environment(force=True)  # torchrun's environment is there
     spec, preset = parse_spec(args.model), args.preset or b.preset
     check_model(spec, b, preset)  # a bad model is named whether or not the data folder is there
     data, runs = data_dir(args.data), Path(args.runs)
@@ -215,6 +231,7 @@ def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
         args.max_attempts,
         args.threads,
         tuple(argv),
+        args.ddp,
     )
 
 
@@ -300,6 +317,17 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         choices=SDPA_BACKENDS,
         action="once",
         help="the attention kernel on a GPU (default: efficient; 'default' lets torch choose)",
+    )
+    run.add_argument(
+        "--checkpoint-every",
+        type=int,
+        action="once",
+        help="override the budget's steps between checkpoints (the last step is always saved; changes the run's hash)",
+    )
+    run.add_argument(
+        "--ddp",
+        action="store_true",
+        help="under torchrun, train data-parallel (process group, DDP, all-reduces) even as one process",
     )
     run.add_argument(
         "--max-attempts", type=int, default=3, action="once", help="failed runs are retried until this many attempts"

@@ -1,7 +1,10 @@
 """torch.compile for training, and how many graphs it compiled: a recompile stalls a step for tens of seconds.
 
-With `dynamic=None` torch compiles the first shape it meets statically and, at the first change of a size, once more
-with that size symbolic; batches padded to a multiple of 8 (ablations/data/batching.py) keep the sizes it meets few.
+The model is compiled with every size symbolic from the first step (`dynamic=True`), so the batches' many shapes
+(rows, and lengths padded to a multiple of 8 by ablations/data/batching.py) share one graph: one compile per run.
+With torch's default (`dynamic=None`) the first shape is compiled static and the first change of a size compiles a
+second graph. Two cases still compile again: a size of 0 or 1 (torch specialises those; a batch of one row), and
+code that branches on a size (a guard that a new size fails). Under DDP the graph is split at its gradient buckets.
 """
 
 from __future__ import annotations
@@ -19,6 +22,6 @@ def compiles() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def compile_model(fn: F, dynamic: bool | None = None, backend: str = "inductor") -> F:
+def compile_model(fn: F, dynamic: bool | None = True, backend: str = "inductor") -> F:
     """`fn` compiled by torch.compile (inductor on a GPU; tests pass backend='eager' to count graphs cheaply)."""
     return torch.compile(fn, dynamic=dynamic, backend=backend)

@@ -7,6 +7,8 @@ CPU) and gives each process its GPU. Every rank reads the same deterministic bat
 its share of each step's micro-batches (`shard`), so a step trains on exactly the batches of a
 single-process run with the same --accumulation; DDP averages the gradients. Rank 0 alone writes
 logs, checkpoints and results (and holds the run's lock); every rank resumes from the same checkpoint.
+With `run --ddp`, one process under torchrun takes the same path (process group, DDP, all-reduces) rather than
+training as a plain process: a check of that path on a machine with one GPU.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Ranks:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    forced: bool = False  # data-parallel even at world 1 (run --ddp)
 
     @property
     def main(self) -> bool:
@@ -40,18 +43,25 @@ class Ranks:
 
     @property
     def parallel(self) -> bool:
-        return self.world > 1
+        """Whether the process group, DDP and the all-reduces are used: over several processes, or when forced."""
+        return self.world > 1 or self.forced
 
 
 SINGLE = Ranks()
 
 
-def from_environment() -> Ranks:
-    """The ranks torchrun describes in RANK, WORLD_SIZE and LOCAL_RANK; a plain process is SINGLE."""
+def from_environment(force: bool = False) -> Ranks:
+    """The ranks torchrun describes in RANK, WORLD_SIZE and LOCAL_RANK; a plain process is SINGLE. With `force`
+    (run --ddp) a world of one is data-parallel too, which needs torchrun's variables: a one-line error without them."""
+    if force and not {"RANK", "WORLD_SIZE"} <= set(os.environ):
+        raise ValueError(
+            "--ddp: no torchrun environment (RANK and WORLD_SIZE are not set); start the run under torchrun, "
+            "e.g. python -m torch.distributed.run --standalone --nproc_per_node 1 -m ablations run ... --ddp"
+        )
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    if world <= 1 and not force:
         return SINGLE
-    return Ranks(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+    return Ranks(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", os.environ["RANK"])), force)
 
 
 def setup(ranks: Ranks, device: torch.device) -> torch.device:
@@ -69,6 +79,11 @@ def setup(ranks: Ranks, device: torch.device) -> torch.device:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
     return device
+
+
+def backend(ranks: Ranks) -> str | None:
+    """The process group's backend (nccl, gloo) of a data-parallel run; None in a plain process."""
+    return dist.get_backend() if ranks.parallel and dist.is_initialized() else None
 
 
 def teardown() -> None:

@@ -46,9 +46,11 @@ class TrainState:
 
     step: int = 0
     tokens_seen: int = 0  # non-pad source + target tokens trained on
-    wall_s: float = 0.0  # seconds spent in training steps, summed over every resumption (compiling included)
+    wall_s: float = 0.0  # seconds of training steps, all resumptions: compiling included, evaluating and saving not
     compile_s: float = 0.0  # of which in steps where torch.compile compiled a graph
     compiles: int = 0  # graphs torch.compile compiled
+    steady_s: float = 0.0  # of which in steps that compiled nothing (counted from the resume in older checkpoints)
+    steady_tokens: int = 0  # the tokens those steps trained on
     epoch: int = 0  # the batch stream's position
     index: int = 0
 
@@ -211,6 +213,9 @@ def add_times(state: TrainState, laps: Laps, window: Laps) -> None:
     window.add(laps)
     state.wall_s += sum(laps.steps) + sum(laps.compiling)
     state.compile_s += sum(laps.compiling)
+    state.compiles += laps.compiles
+    state.steady_s += sum(laps.steps)
+    state.steady_tokens += laps.steady_tokens
 
 
 def train(
@@ -226,7 +231,9 @@ def train(
     after a stop signal (the step it arrived in is finished and checkpointed first).
 
     Data-parallel (ranks.parallel), every rank resumes from the same checkpoint, reads the same stream and
-    trains on its share of each step's micro-batches; rank 0 alone logs, evaluates and checkpoints.
+    trains on its share of each step's micro-batches; rank 0 alone logs, evaluates and checkpoints. The host waits
+    for the device only at logging and checkpoint steps; data-parallel, that is also where the ranks agree on a stop,
+    so a stop signal ends the run at the next of those steps.
     """
     settings, run_dir, label, run_id = run.settings, run.directory, run.label, run.key
     optimizer = make_optimizer(model, device)
@@ -247,10 +254,11 @@ def train(
         disable=not ranks.main,
     )
     try:  # the bar is closed however the loop ends (divergence, a stop, a full disk)
-        window, window_tokens, clock = Laps(), 0, StepClock(device)
+        window, clock = Laps(), StepClock(device)
         model.train()
         while state.step < settings.steps:
             with stopping.step():  # a stop signal lets the step finish: a checkpoint of it continues the run exactly
+                clock.start()  # each step timed from its own start: evaluation, saving and logging are not steps
                 micro = [stream.next() for _ in range(settings.accumulation)]
                 if ranks.parallel:  # each rank its own dropout masks, the same ones again after a resume
                     torch.manual_seed(step_seed(stream.seed, state.step, ranks.rank))
@@ -266,13 +274,10 @@ def train(
                     sum(b.tgt_tokens for b in micro),
                     ranks,
                 )
-                compiled = compiles() - graphs
-                clock.lap(compiled=compiled > 0)
-                state.compiles += compiled
                 tokens = sum(b.src_tokens + b.tgt_tokens for b in micro)
+                clock.lap(compiles() - graphs, tokens)
                 state.step, state.tokens_seen = state.step + 1, state.tokens_seen + tokens
                 state.epoch, state.index = stream.epoch, stream.index
-                window_tokens += tokens
                 logged = state.step % settings.log_every == 0 or state.step == settings.steps
                 saved = state.step % settings.checkpoint_every == 0 or state.step == settings.steps
                 # The loss and the step times are read back (a wait for the GPU) only where they are logged or saved.
@@ -281,25 +286,31 @@ def train(
                     add_times(state, clock.read(), window)
                 diverged = not math.isfinite(loss) or loss > DIVERGED_LOSS * math.log(vocab)
                 if ranks.main and (diverged or logged):
-                    record = {"step": state.step, "loss": loss, "lr": lr, **window.summary(window_tokens)}
-                    record["time_s"] = state.wall_s
+                    record = {"step": state.step, "loss": loss, "lr": lr, **window.summary(), "time_s": state.wall_s}
                     if not diverged and (state.step % settings.eval_every == 0 or state.step == settings.steps):
                         record["dev_ppl"] = perplexity(
                             model, *dev, device, settings.micro_tokens, settings.autocast, progress=label
                         )
                         model.train()
-                        clock.restart()
                     append_metrics(run_dir, record)
                     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{record['tokens_per_s'] or 0:,.0f}")
-                    window, window_tokens = Laps(), 0
+                if logged:
+                    window = Laps()
                 if diverged:
                     raise Diverged(state.step, loss)
                 if ranks.main and saved:
                     save_checkpoint(run_dir / CHECKPOINT, model, optimizer, state, run_id)
-            signum = first_signal(stopping.requested(), ranks, device)  # every rank stops after the same step
+            # Every rank stops after the same step; agreeing on it is a collective, so data-parallel it waits for
+            # the steps where the host waits for the device anyway.
+            agree = logged or saved or not ranks.parallel
+            signum = first_signal(stopping.requested(), ranks, device) if agree else None
             if signum:
                 if ranks.main and not saved:
                     add_times(state, clock.read(), window)
+                if ranks.main and not logged and (window.steps or window.compiling):  # the steps since the last log
+                    record = {"step": state.step, "loss": step_loss.item(), "lr": lr, **window.summary()}
+                    append_metrics(run_dir, {**record, "time_s": state.wall_s, "stopped": True})
+                if ranks.main and not saved:
                     save_checkpoint(run_dir / CHECKPOINT, model, optimizer, state, run_id)
                 raise stopping.Stopped(signum, f"{label} at step {state.step}, checkpoint saved")
             bar.update(1)

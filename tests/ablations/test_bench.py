@@ -29,6 +29,7 @@ def tiny_bench(out: Path, runs: Path, *extra: str) -> int:
 
 
 @needs_data
+@pytest.mark.slow
 def test_bench_writes_markdown_and_json_for_every_variant(tmp_path):
     out = tmp_path / "new-folder" / "bench.md"  # made when the report is written
     code = tiny_bench(out, tmp_path / "runs", "--warmup", "1")
@@ -83,6 +84,7 @@ def test_the_strided_before_cache_keeps_cross_attention_keys_and_values_strided_
 
 
 @needs_data
+@pytest.mark.slow
 def test_bench_by_cpu_time_says_so_and_leaves_out_the_thread_count_variants(tmp_path):
     out = tmp_path / "bench.md"
     code = tiny_bench(out, tmp_path / "runs", "--warmup", "0", "--clock", "cpu")
@@ -136,6 +138,7 @@ def test_without_proc_stat_free_cores_fall_back_to_the_load_average(monkeypatch)
 
 
 @needs_data
+@pytest.mark.slow
 def test_profile_shares_of_training_and_beam_search_sum_to_one(tmp_path):
     out = tmp_path / "profile.md"
     code = profiling.main(

@@ -120,6 +120,7 @@ def finals(runs) -> dict:
 
 @needs_data
 @pytest.mark.slow
+@pytest.mark.serial
 def test_rows_fanned_out_finish_anywhere_and_a_finished_row_is_skipped(tmp_path_factory, capsys):
     runs = runs_folder(tmp_path_factory.mktemp("fanout"), smoke_cache(tmp_path_factory))
     common = [

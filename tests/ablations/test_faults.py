@@ -63,6 +63,7 @@ def kill_at_step(runs, step: int) -> int:
 
 @needs_data
 @pytest.mark.slow
+@pytest.mark.serial
 def test_a_run_killed_at_a_random_step_resumes_to_the_uninterrupted_result(tmp_path, cache):
     whole = runs_folder(tmp_path / "whole", cache)
     assert run_ablations(whole).returncode == 0
@@ -169,6 +170,8 @@ while True:  # two complete versions of a large final.json, written over each ot
 """
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 def test_a_final_json_rewritten_or_killed_mid_write_always_reads_complete(tmp_path):
     path = tmp_path / R.FINAL
     proc = subprocess.Popen(
@@ -211,6 +214,7 @@ def faulty_model(config: TransformerConfig) -> nn.Module:
 
 
 @needs_data
+@pytest.mark.slow
 def test_rows_that_run_out_of_memory_or_diverge_are_recorded_and_the_grid_goes_on(tmp_path, cache, capsys):
     runs = runs_folder(tmp_path, cache)
     code = main(

@@ -41,18 +41,40 @@ def test_a_target_below_its_bar_is_not_met_and_one_without_numbers_is_not_measur
     assert beam.endswith("| 1.50x | >= 2.0x | not met |")
 
 
-def test_a_stall_after_warm_up_fails_the_runner_target_and_one_before_it_does_not():
-    def window(step: int, p50: float, longest: float) -> dict:
-        return {"step": step, "step_s_p50": p50, "step_s_max": longest, "time_s": step * p50}
+def window(step: int, p50: float | None, plain: float | None, every: float | None = None) -> dict:
+    """A logged window: its plain steps' median and longest time, and (newer logs) the longest of all its steps."""
+    record = {"step": step, "step_s_p50": p50, "step_s_max": plain, "time_s": step * (p50 or 0)}
+    return record if every is None else {**record, "step_s_max_all": every}
 
+
+def test_a_stall_after_warm_up_fails_the_runner_target_and_one_before_it_does_not():
     final = {"steps": 75, "wall_s": 30.0, "eval_s": 5.0, "compile_s": 20.0}
-    compiled_early = [window(25, 0.05, 20.0), window(50, 0.05, 0.06), window(75, 0.05, 0.07)]
+    compiled_early = [window(25, 0.05, 0.06, 20.0), window(50, 0.05, 0.06, 0.06), window(75, 0.05, 0.07, 0.07)]
     stall, projection = runner_targets(compiled_early, final)
-    assert stall.startswith("| runner: longest step after step 25 / median step |")  # the first window is warm-up
+    # the first window is warm-up
+    assert stall.startswith("| runner: longest step after step 25 (compiling ones included) / median step |")
     assert stall.endswith("| 1.40x (70 / 50 ms) | <= 3.0x | met |")
     assert "projected 70 s of training" in projection and projection.endswith(
         "| not judged: a projection, and scoring here is of few dev pairs |"
     )
-    stalled_late = [window(25, 0.05, 0.06), window(50, 0.05, 0.2), window(75, 0.05, 0.06)]
+    stalled_late = [window(25, 0.05, 0.06, 0.06), window(50, 0.05, 0.2, 0.2), window(75, 0.05, 0.06, 0.06)]
     assert runner_targets(stalled_late, final)[0].endswith("| 4.00x (200 / 50 ms) | <= 3.0x | not met |")
     assert runner_targets([], {})[0].endswith("| - | <= 3.0x | not measured |")
+
+
+def test_a_recompile_after_warm_up_is_a_stall_even_though_the_plain_steps_are_even():
+    final = {"steps": 75, "wall_s": 40.0, "compile_s": 30.0}
+    recompiled = [window(25, 0.05, 0.06, 20.0), window(50, 0.05, 0.06, 10.0), window(75, 0.05, 0.06, 0.06)]
+    assert runner_targets(recompiled, final)[0].endswith("| 200.00x (10000 / 50 ms) | <= 3.0x | not met |")
+    # A window whose every step compiled has no plain steps, and is judged all the same.
+    only_compiling = [window(25, 0.05, 0.06, 20.0), window(26, None, None, 10.0), window(75, 0.05, 0.06, 0.06)]
+    assert runner_targets(only_compiling, final)[0].endswith("| 200.00x (10000 / 50 ms) | <= 3.0x | not met |")
+
+
+def test_a_log_without_the_compiling_steps_is_judged_on_the_plain_ones_and_says_so():
+    older = [window(25, 0.05, 0.06), window(50, 0.05, 0.06), window(75, 0.05, 0.07)]
+    stall = runner_targets(older, {})[0]
+    assert stall == (
+        "| runner: longest step after step 25 (compiling ones not logged) / median step "
+        "| 1.40x (70 / 50 ms) | <= 3.0x | met |"
+    )

@@ -23,7 +23,7 @@ from ablations.runs import folder as R
 from ablations.training.train import make_optimizer
 from tests.helpers import DEV_PAIRS, logged, needs_data, result, runs_folder, smoke_cache
 
-pytestmark = needs_data
+pytestmark = [needs_data, pytest.mark.slow, pytest.mark.serial]  # 2 to 4 runner processes at once
 ROWS = [
     "D1",
     "D2",

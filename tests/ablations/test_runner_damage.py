@@ -56,6 +56,7 @@ def copy_of(finished, tmp_path):
 
 @needs_data
 @pytest.mark.parametrize("damage", list(DAMAGE))
+@pytest.mark.slow
 def test_a_damaged_final_json_is_skipped_with_a_warning_and_its_run_done_again(damage, finished, tmp_path, capsys):
     runs, dirs, expected = copy_of(finished, tmp_path)
     final = dirs["D1"] / R.FINAL
@@ -102,6 +103,7 @@ def test_damaged_attempts_config_and_metrics_files_do_not_stop_a_run(finished, t
 
 
 @needs_data
+@pytest.mark.slow
 def test_a_checkpoint_of_another_run_is_set_aside_and_the_run_starts_fresh(finished, tmp_path, capsys):
     runs, dirs, expected = copy_of(finished, tmp_path)
     # D2's checkpoint passes its checksum and fits D1's shapes (rows D change only dropout and smoothing).

@@ -105,6 +105,8 @@ def last_line(log) -> str:
 
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.slow
+@pytest.mark.serial
 def test_a_stop_signal_mid_step_checkpoints_that_step_and_a_resume_ends_as_the_uninterrupted_run(
     signum, status, tmp_path, cache, uninterrupted
 ):
@@ -130,6 +132,8 @@ def test_a_stop_signal_mid_step_checkpoints_that_step_and_a_resume_ends_as_the_u
     assert {row: (result(d), logged(d)) for row, d in run_dirs(runs).items()} == uninterrupted
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 def test_a_stop_signal_at_a_random_moment_resumes_to_the_uninterrupted_result(tmp_path, cache, uninterrupted):
     runs = runs_folder(tmp_path / "runs", cache)
     log = tmp_path / "log"
@@ -174,6 +178,7 @@ def failing_writer(monkeypatch, code: int, *where: str):
     ],
     ids=["ENOSPC config", "ENOSPC checkpoint", "ENOSPC final", "EROFS checkpoint"],
 )
+@pytest.mark.slow
 def test_a_full_disk_or_read_only_folder_is_one_line_and_finished_results_stay(
     code, where, target, tmp_path, cache, monkeypatch, capsys, uninterrupted
 ):
@@ -227,6 +232,7 @@ def fails_in_d2(config):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.serial
 def test_a_command_without_steps_stops_in_one_line_with_the_shells_exit_status(signum, capsys):
     @stops_cleanly("nothing written")
     def command() -> int:

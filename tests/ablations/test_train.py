@@ -128,6 +128,7 @@ def grid_of(runs, spec: str, rows: str = "base") -> Grid:
 
 
 @needs_data
+@pytest.mark.slow
 def test_a_diverging_run_is_recorded_as_diverged_and_the_grid_goes_on(tiny_data):
     runs, data = tiny_data
     outcomes = run_grid(grid_of(runs / "nan", "tests.ablations.test_train:nan_loss_model", "base,A1"), data)
@@ -171,6 +172,7 @@ def test_a_finished_run_records_its_throughput_and_share_of_the_machines_gemm_ra
     final = R.read_json(directory / R.FINAL)
     assert status == "finished" and final["tokens_per_s"] > 0
     assert final["compiles"] == 0 and final["compile_s"] == 0.0  # eager on the CPU: nothing compiled
+    assert final["tokens_per_s"] == pytest.approx(final["wall_tokens_per_s"])  # so every step is a steady one
     assert 0 < final["gemm_fraction"] < 1  # model FLOPs per second over a measured fp32 GEMM rate on this CPU
 
 

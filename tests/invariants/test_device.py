@@ -11,13 +11,12 @@ from invariants.__main__ import main
 from invariants.device import OnDevice, checking, resolve
 from invariants.engine import PASS
 from model import Transformer
-from tests.helpers import few
+from tests.helpers import few, needs_cuda
 from tests.invariants.test_pytest_plugin import pytest_in
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 SMALL = "N=1,d_model=16,h=2,d_k=8,d_v=8,d_ff=32,vocab_size=50"
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 @NO_CUDA
@@ -50,6 +49,7 @@ def test_device_cpu_checks_as_without_the_option_and_the_report_names_it(tmp_pat
     assert doc["device"] == "cpu" and doc["verdicts"]["pass"] == 1
 
 
+@pytest.mark.slow
 def test_a_model_behind_the_device_wrapper_passes_every_property_of_the_reference():
     def make(cfg):
         return OnDevice(Transformer(cfg), torch.device("cpu"))
@@ -83,7 +83,7 @@ def test_the_pytest_plugin_reports_a_device_it_cannot_use_as_a_one_line_collecti
     assert "leave --transformer-device out to check on the CPU" in run.stdout
 
 
-@NEEDS_CUDA
+@needs_cuda
 @pytest.mark.parametrize("model", ["reference", "torch-nn", "mutant:no_causal_mask"])
 def test_on_cuda_every_property_gets_the_verdict_it_gets_on_the_cpu(model):
     spec = f"{model},{SMALL}"

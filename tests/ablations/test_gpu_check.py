@@ -1,0 +1,222 @@
+"""The GPU check on the CPU: its parts under their limits, what it leaves behind (nothing running), what it reads
+(only this run's files) and what it writes (a report after every part, into the folder it is told)."""
+
+import ast
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ablations.bench import gpu_check, gpu_prepare
+from ablations.bench.gpu_check import LIMITS, CheckOptions, check, plan
+from ablations.bench.gpu_check_report import runner_lines
+from ablations.bench.gpu_parts import GRACE_S, Part, Stage
+from ablations.runs import folder as R
+from ablations.training.stopping import graceful_stops
+from tests.helpers import REAL_DATA, REPO, needs_data
+
+PY = sys.executable
+META = {"device": "cpu", "peak": "none", "torch": "2", "python": "3", "transformers": "-", "commit": "c", "date": "d"}
+
+
+def options(tmp_path, pytest_args=(), quick=True) -> CheckOptions:
+    data = gpu_prepare.CheckData(tmp_path, None, {})
+    return CheckOptions("cpu", quick, data, tmp_path / "work", True, tmp_path / "out", tuple(pytest_args), "--quick")
+
+
+def meta(o: CheckOptions) -> dict:
+    return {**META, "data": o.data.about, "args": o.args, "out": str(o.out)}
+
+
+def part(name: str, code: str, limit: int, **kw) -> Part:
+    return Part(name, kw.pop("what", name), (Stage(name, (PY, "-c", code)),), limit, **kw)
+
+
+def test_every_part_is_reported_and_a_failing_or_hanging_part_stops_no_other(tmp_path):
+    parts = [
+        part("bench", "import sys; print('boom'); sys.exit(3)", 30, what="fails"),
+        part("runner", "import time; time.sleep(60)", GRACE_S + 3, what="hangs"),
+        part("torchrun", "pass", 30, skip="skipped: no torchrun", what="not here"),
+        part("tests", "print('3 passed in 0.01s')", 30, what="passes"),
+    ]
+    o = options(tmp_path)
+    started = time.perf_counter()
+    outcomes = check(o, parts, meta(o))
+    assert time.perf_counter() - started < 25  # the hanging part was stopped at its limit
+    assert [x.result for x in outcomes] == [
+        "failed (exit 3)",
+        f"timed out at its limit of {GRACE_S + 3} s",
+        "skipped: no torchrun",
+        "passed",
+    ]
+    assert "boom" in outcomes[0].tail
+    text = (o.out / "gpu-check.md").read_text()
+    assert "| bench | fails | 30 s |" in text and "| tests | passes | 30 s |" in text and "| passed |" in text
+    assert "- no report of this run at bench-gpu.json (missing, damaged, or older than the part)" in text
+    assert "- no run folder was written" in text and "- tests: 3 passed in 0.01s" in text
+    assert "| the runner's targets | - | - | not measured: no run folder |" in text
+    record = json.loads((o.out / "gpu-check.json").read_text())
+    assert [p["name"] for p in record["parts"]] == ["bench", "runner", "torchrun", "tests"]
+    assert all(p["started"] >= "2026" for p in record["parts"]) and record["torch"] == "2"
+    assert (o.out / "logs" / "bench.log").read_text().endswith("sys.exit(3)'\nboom\n")
+
+
+def test_a_stage_that_would_start_without_its_minimum_time_is_not_started_and_said_so(tmp_path):
+    stages = (Stage("first", (PY, "-c", "import time; time.sleep(2)")), Stage("second", (PY, "-c", "pass"), min_s=60))
+    o = options(tmp_path)
+    (outcome,) = check(o, [Part("tests", "two stages", stages, 20)], meta(o))
+    assert outcome.stages[0] == "first: passed" and outcome.stages[1].startswith("second: not started, ")
+    assert outcome.result == "passed (not every stage started)"
+
+
+def test_a_process_a_part_left_running_in_a_session_of_its_own_is_stopped_with_the_part(tmp_path):
+    pidfile = tmp_path / "stray.pid"
+    stray = f"import os, subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True); open({str(pidfile)!r}, 'w').write(str(p.pid))"
+    script = (
+        "import sys\nfrom pathlib import Path\n"
+        "from ablations.bench.gpu_parts import Part, Stage, become_subreaper, run_part\n"
+        "become_subreaper()\n"
+        f"part = Part('p', 'p', (Stage('p', (sys.executable, '-c', {stray!r})),), 20)\n"
+        f"print(run_part(part, Path({str(tmp_path / 'log')!r}), Path({str(REPO)!r})).result)\n"
+        f"print(open({str(pidfile)!r}).read())\n"
+    )
+    done = subprocess.run([PY, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=60)
+    result, pid = done.stdout.split()
+    assert result == "passed", done.stderr
+    assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1][:3]
+
+
+def test_the_tests_part_stopped_at_its_limit_still_names_the_tests_that_failed_before(tmp_path):
+    (tmp_path / "test_some.py").write_text(
+        "import time\n\ndef test_breaks():\n    assert False\n\ndef test_hangs():\n    time.sleep(60)\n"
+    )
+    o = options(tmp_path, ("-q", "-p", "no:cacheprovider", str(tmp_path / "test_some.py")))
+    tests = next(p for p in plan(o) if p.name == "tests")
+    with graceful_stops():  # as main runs it: its parts take SIGINT even where this process ignores it (xdist)
+        (outcome,) = check(o, [dataclasses.replace(tests, limit_s=GRACE_S + 4)], meta(o))
+    assert outcome.result == f"timed out at its limit of {GRACE_S + 4} s"
+    lines = json.loads((o.out / "gpu-check.json").read_text())["parts"][0]["lines"]
+    assert "1 failed" in lines[0]
+    assert lines[1].startswith("FAILED ") and lines[1].endswith("test_some.py::test_breaks") and len(lines) == 2
+
+
+def test_the_tests_part_runs_the_cuda_only_tests_first_then_the_device_sensitive_ones_then_the_rest(tmp_path):
+    o = dataclasses.replace(options(tmp_path, quick=False), data=gpu_prepare.CheckData(REAL_DATA, None, {}))
+    tests = next(p for p in plan(o) if p.name == "tests")
+    assert [s.name for s in tests.stages] == ["cuda-only", "device-sensitive", "the rest"]
+    first, device, rest = (s.command for s in tests.stages)
+    assert first[-3:] == ("-m", "cuda", "tests")
+    assert all(path in device for path in gpu_check.DEVICE_TESTS) and all((REPO / p).is_file() for p in device[-4:])
+    assert all(f"--ignore={path}" in rest for path in gpu_check.DEVICE_TESTS) and "not cuda" in rest
+    assert tests.env == {"AIAYN_DATA": str(REAL_DATA)}  # the tests that read the corpora run, not skip
+
+
+def test_the_parts_limits_leave_the_checks_start_and_report_inside_eight_minutes():
+    assert sum(LIMITS.values()) <= 8 * 60 - 20
+
+
+def test_the_runner_part_saves_only_its_last_step_and_the_torchrun_part_forces_ddp(tmp_path):
+    runner, torchrun = (p for p in plan(options(tmp_path, quick=False)) if p.name in ("runner", "torchrun"))
+    assert runner.stages[0].command[-8:-6] == ("--checkpoint-every", "1000")  # > 300 steps: the last one's only
+    assert "--ddp" in torchrun.stages[0].command and "--steps" not in torchrun.stages[0].command
+
+
+def test_parts_picks_which_parts_run_in_the_checks_own_order(tmp_path):
+    argv = ["--device", "cpu", "--quick", "--parts", "tests,runner", "--data", str(tmp_path), "--out", str(tmp_path)]
+    assert [p.name for p in plan(gpu_check.parse([*argv, "--work", str(tmp_path)]))] == ["runner", "tests"]
+
+
+def test_an_earlier_checks_files_are_set_aside_never_read_as_this_runs(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "gpu-check.json").write_text(json.dumps({"date": "2026-11-01T10:00:00+00:00"}))
+    (out / "bench-gpu.json").write_text(json.dumps({"training": [], "decoding": [], "notes": ["old"]}))
+    gpu_check.set_earlier_aside(out)
+    assert sorted(p.name for p in out.iterdir()) == ["earlier-2026-11-01T100000"]
+    assert (out / "earlier-2026-11-01T100000" / "bench-gpu.json").is_file()
+
+
+def test_a_report_older_than_its_part_is_not_read_as_this_runs(tmp_path):
+    o = options(tmp_path)
+    o.out.mkdir(parents=True)
+    (o.out / "bench-gpu.json").write_text(json.dumps({"training": [], "decoding": [], "notes": ["stale"]}))
+    time.sleep(1.1)
+    (outcome,) = check(o, [part("bench", "pass", 30)], meta(o))
+    assert "stale" not in (o.out / "gpu-check.md").read_text()
+    assert "no report of this run at bench-gpu.json" in (o.out / "gpu-check.md").read_text()
+
+
+def test_the_runner_lines_give_steady_state_figures_and_the_longest_step_compiling_included(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    for step, time_s in [(25, 30.0), (50, 32.5), (75, 35.5)]:  # 30 s of compiling in the first window
+        R.append_metrics(run, {"step": step, "loss": 5.0, "tokens_per_s": 1.0, "time_s": time_s})
+    R.write_final(run, {"status": "finished", "steps": 75, "tokens_per_s": 12000.0, "mfu": 0.31})
+    finals, windows, steps = runner_lines(run)
+    assert "status finished, 75 steps" in finals and "12,000 tokens/s, MFU 31.0%" in finals
+    assert "graphs compiled not recorded, compiling not recorded" in finals
+    assert "p50 110.0 ms, p99 120.0 ms, max 120.0 ms over 2 windows" in windows
+    assert "the first (to step 25, where compiling falls) 1200.0 ms" in windows
+    assert steps == "per-step times: not recorded in metrics.jsonl"
+
+
+@needs_data
+@pytest.mark.slow
+def test_prepare_makes_a_small_folder_the_parts_read_without_training_a_tokenizer(tmp_path, capsys):
+    target = tmp_path / "gpu-data"
+    assert gpu_check.main(["--prepare", str(target), "--data", str(REAL_DATA)]) == 0
+    data = gpu_prepare.check_data(target)
+    assert data.corpora == target / "data" and set(data.manifest["budgets"]) == {"short", "smoke"}
+    assert data.manifest["mib"] < 40  # it travels with the repository (15 MiB) under the device tool's 64 MiB
+    assert sorted(p.suffix for p in data.cache.iterdir()).count(".model") == 2
+    assert sorted(p.name for p in data.encoded.iterdir()) == ["short", "smoke"]
+    runs = tmp_path / "runs"
+    gpu_prepare.seed_runs(data, runs)
+    assert sorted(p.name for p in (runs / "cache").iterdir()) == sorted(p.name for p in data.cache.iterdir())
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    assert gpu_check.main(["--prepare", str(tmp_path / "mine"), "--data", str(REAL_DATA)]) == 2
+    assert "is not a prepared folder; name a new one" in capsys.readouterr().err
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"
+
+
+@needs_data
+@pytest.mark.slow
+def test_the_quick_check_runs_every_part_on_the_cpu_and_each_passes(tmp_path):
+    out = tmp_path / "out"
+    assert gpu_check.main(["--device", "cpu", "--quick", "--data", str(REAL_DATA), "--out", str(out)]) == 0
+    text = (out / "gpu-check.md").read_text()
+    for name in ("bench", "runner", "torchrun", "tests"):
+        assert f"## {name}: passed" in text
+        assert (out / "logs" / f"{name}.log").is_file()
+    assert "| tiny | hf-marian | eager | default |" in text and "status finished, 8 steps" in text
+    assert (out / "bench-gpu.json").is_file() and (out / "runs" / "smoke-D1" / R.FINAL).is_file()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device", "tpu"], "error: --device 'tpu': give auto, cpu, cuda or cuda:N"),
+        (["--device", "cpu", "--parts", "runner,bnech"], "error: --parts 'runner,bnech': give a comma list of bench,"),
+        (["--device", "cpu", "--out", "report.md"], "error: --out report.md: give a folder (the check writes several"),
+    ],
+)
+def test_a_bad_flag_is_one_line_naming_the_problem_and_the_fix(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert gpu_check.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1
+    assert not list(tmp_path.iterdir())  # nothing measured, nothing written
+
+
+@pytest.mark.parametrize("session", ["gpu_check", "bench_gpu"])
+def test_the_gpu_nox_sessions_run_the_machines_own_torch_and_install_nothing_over_it(session):
+    tree = ast.parse((REPO / "noxfile.py").read_text())
+    function = next(f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == session)
+    (decorator,) = function.decorator_list
+    assert {k.arg: ast.literal_eval(k.value) for k in decorator.keywords}["venv_backend"] == "none"
+    assert "install" not in ast.unparse(function)  # a venv's pins would put the CPU build of torch over CUDA's

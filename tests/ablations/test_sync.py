@@ -1,0 +1,140 @@
+"""The host never waits for the device inside a training step, and the loop waits only at logging and checkpoint steps.
+
+On a GPU, reading a tensor's value on the host (item(), int(), bool(), float(), tolist(), indexing with it) waits for
+every kernel queued before it. Here such reads are counted on every tensor, in Python, on the CPU: reads that torch
+makes inside its own C++ code are not seen, which is what torch.cuda.set_sync_debug_mode checks where CUDA is there.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import pytest
+import torch
+
+from ablations.data.batching import BatchStream, make_batch
+from ablations.training import train as T
+from model import Transformer, TransformerConfig
+from model.batch import Batch
+from tests.ablations.test_gpu_path import attention_as_on_a_gpu, tiny_run, varied_pairs
+from tests.helpers import needs_cuda
+
+TINY = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=30, max_len=64, P_drop=0.1)
+READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+
+class Reads(list):
+    """The names of the value reads made on any tensor, in order; none while `paused`."""
+
+    paused = False
+
+    @contextmanager
+    def pause(self) -> Iterator[None]:
+        self.paused = True
+        try:
+            yield
+        finally:
+            self.paused = False
+
+
+@contextmanager
+def counted_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[Reads]:
+    """The value reads made on any tensor while inside."""
+    reads = Reads()
+
+    def counting(name: str):
+        read = getattr(torch.Tensor, name)
+
+        def counted(self, *args, **kwargs):
+            if not reads.paused:
+                reads.append(name)
+            return read(self, *args, **kwargs)
+
+        return counted
+
+    with monkeypatch.context() as patch:
+        for name in READS:
+            patch.setattr(torch.Tensor, name, counting(name))
+        yield reads
+
+
+@pytest.fixture
+def gpu_like_attention(monkeypatch):
+    """Attention as on a GPU: the CPU's explicit path asks the mask whether any key is masked (a read)."""
+    attention_as_on_a_gpu(monkeypatch)
+
+
+def micro_batches(device: torch.device) -> list[Batch]:
+    src, tgt = varied_pairs(8)
+    return [make_batch(src[:4], tgt[:4]).to(device), make_batch(src[4:], tgt[4:]).to(device)]
+
+
+def test_a_training_step_reads_no_tensor_back_and_its_loss_only_when_the_caller_asks(monkeypatch, gpu_like_attention):
+    torch.manual_seed(0)
+    model = Transformer(TINY)
+    optimizer = T.make_optimizer(model, torch.device("cpu"))
+    batches = micro_batches(torch.device("cpu"))
+    with counted_reads(monkeypatch) as reads:
+        loss = T.train_step(model, model.loss, optimizer, batches, lr=1e-3)
+    assert reads == []
+    with counted_reads(monkeypatch) as reads:
+        assert loss.item() > 0
+    assert reads == ["item"]  # the counter sees a read where there is one
+
+
+def test_a_batch_moved_to_the_device_carries_its_token_counts_so_counting_them_reads_nothing(monkeypatch):
+    src, tgt = varied_pairs(8)
+    counted, uncounted = make_batch(src, tgt), make_batch(src, tgt)
+    moved = counted.to(torch.device("cpu"))
+    with counted_reads(monkeypatch) as reads:
+        assert (moved.src_tokens, moved.tgt_tokens) == (counted.src_tokens, counted.tgt_tokens)
+    assert reads == []
+    bare = Batch(uncounted.src, uncounted.tgt, uncounted.src_pad, uncounted.tgt_pad, uncounted.labels)
+    with counted_reads(monkeypatch) as reads:
+        assert bare.tgt_tokens == counted.tgt_tokens  # counted from the mask: on a GPU, a wait for it
+    assert reads == ["__int__"]
+
+
+@needs_cuda
+def test_a_training_step_on_a_gpu_makes_no_synchronising_call():
+    cuda = torch.device("cuda")
+    torch.manual_seed(0)
+    model = Transformer(TINY).to(cuda)
+    optimizer = T.make_optimizer(model, cuda)
+    batches = micro_batches(cuda)
+    T.train_step(model, model.loss, optimizer, batches, lr=1e-3, autocast=torch.bfloat16)  # the optimizer's state made
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss = T.train_step(model, model.loss, optimizer, batches, lr=1e-3, autocast=torch.bfloat16)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert loss.item() > 0
+
+
+def steps_reading_back(monkeypatch: pytest.MonkeyPatch, train: Callable[..., object], stream: BatchStream) -> set[int]:
+    """The steps of `train(stream, on_step)` in which a tensor's value was read, besides the stream's own counting of
+    its batches' tokens: host memory, where there is no device to wait for."""
+    after: dict[int, int] = {}  # the reads made up to the end of each step
+    with counted_reads(monkeypatch) as reads:
+        next_batch = stream.next
+
+        def counted_on_the_host() -> Batch:
+            with reads.pause():
+                batch = next_batch()
+                batch.src_tokens, batch.tgt_tokens
+            return batch
+
+        monkeypatch.setattr(stream, "next", counted_on_the_host)
+        train(stream, on_step=lambda step: after.__setitem__(step, len(reads)))
+    return {step for step in after if after[step] > after.get(step - 1, 0)}
+
+
+def test_the_loop_reads_back_only_at_logging_and_checkpoint_steps(tmp_path, monkeypatch, gpu_like_attention):
+    run, (src, tgt) = tiny_run(tmp_path, 12, 5, 4, compile=False), varied_pairs(200)
+
+    def train(stream: BatchStream, on_step: Callable[[int], None]) -> None:
+        T.train(Transformer(TINY), run, stream, (src[:4], tgt[:4]), torch.device("cpu"), on_step)
+
+    assert steps_reading_back(monkeypatch, train, BatchStream(src, tgt, 120, seed=1)) == {4, 5, 8, 10, 12}
