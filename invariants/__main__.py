@@ -12,14 +12,18 @@ import ast
 import re
 import shlex
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
 
 from invariants import device, killmatrix, profiles, report
 from invariants.engine import ERROR, FAIL, NOT_APPLICABLE
+from invariants.guard import DEFAULT_TIMEOUT_S
 from invariants.mutants import MUTANTS
-from invariants.suite import PROPERTIES, run_suite, select
+from invariants.subject import Subject
+from invariants.suite import PROPERTIES, Interrupted, run_suite, select
+from model.files import StorageError
 from model.registry import SpecError, default_spec, parse_config_overrides, parse_spec
 
 DEFAULT_OUT = Path("reports/invariants")
@@ -60,6 +64,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--only", default="", help="comma-separated property names (default: all; --list shows them)")
     p.add_argument("--replay", default=None, help="a @reproduce_failure(...) line from a report, with --only NAME")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"report folder (default: {DEFAULT_OUT})")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"seconds each property may take before it is recorded as an error (default: {DEFAULT_TIMEOUT_S:g}; 0: none)",
+    )
     p.add_argument("--kill-matrix", action="store_true", help="run every mutant and write the kill matrix")
     p.add_argument(
         "--mutant-overrides",
@@ -123,24 +133,69 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         target = str(device.resolve(args.device))
         if args.kill_matrix:
             return kill_matrix(args, settings, profile_name, command, target)
-        spec = parse_spec(args.model or default_spec())
+        if args.timeout < 0:
+            raise ValueError(f"--timeout {args.timeout:g}: give seconds, or 0 for no limit")
+        spec = parse_spec(args.model if args.model is not None else default_spec())
         start = time.perf_counter()
-        results = run_suite(
-            spec, properties, settings, args.seed, replay, progress=True, profile=profile_name, device=target
-        )
+        subject = Subject(spec, target)
     except (SpecError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    partial = (
+        "" if len(properties) == len(PROPERTIES) else f"{len(properties)} of {len(PROPERTIES)} properties (--only)"
+    )
+    try:
+        results = run_suite(
+            subject, properties, settings, args.seed, replay, True, profile_name, timeout=args.timeout or None
+        )
+    except Interrupted as stop:
+        partial = f"stopped by Ctrl-C after {len(stop.results)} of {len(properties)} properties"
+        doc = report.document(
+            str(spec),
+            stop.results,
+            profile_name,
+            command,
+            time.perf_counter() - start,
+            target,
+            partial,
+            subject.breaches,
+        )
+        saved = save(doc, args.out)
+        print(
+            f"stopped by SIGINT: the {len(stop.results)} verdicts reached are in {saved}; the full report is untouched",
+            file=sys.stderr,
+        )
+        return 130
     seconds = time.perf_counter() - start
     print(report.summary_table(results))
-    doc = report.document(str(spec), results, profile_name, command, seconds, target)
-    json_path, md_path = report.write(doc, args.out)
+    for member, why in subject.breaches.items():
+        print(f"\ncontract breach, {member}: {why}")
+    doc = report.document(str(spec), results, profile_name, command, seconds, target, partial, subject.breaches)
+    try:
+        json_path, md_path = report.write(doc, args.out)
+    except (StorageError, OSError) as exc:
+        print(
+            f"error: the report could not be written to {args.out} ({exc}); the verdicts are in {save(doc, None)}",
+            file=sys.stderr,
+        )
+        return 1
     failed = [r for r in results if r.verdict in (FAIL, ERROR)]
     for r in failed:
         print(f"\n{report.MARK[r.verdict]} {r.name}: {r.reason}\n  replay: {r.reproduce}")
     print("\n" + report.summary_line(str(spec), results, seconds, profile_name) + f"; report {md_path} and {json_path}")
     skipped = [r for r in results if r.verdict == NOT_APPLICABLE]
     return 1 if failed or (args.strict and skipped) else 0
+
+
+def save(doc: dict, out: Path | None) -> str:
+    """Write a report where it can go: `out`, else a folder under the system's temporary one; where it went, in words."""
+    for folder in (out, Path(tempfile.gettempdir()) / "aiayn-invariants"):
+        try:
+            if folder is not None:
+                return str(report.write(doc, folder)[1])
+        except (StorageError, OSError):
+            continue
+    return "no file: no folder could be written (the table above has them)"
 
 
 def kill_matrix(args: argparse.Namespace, settings, profile_name: str, command: str, target: str) -> int:

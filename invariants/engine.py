@@ -8,6 +8,7 @@ hypothesis @example's; then hypothesis draws cases (random small configs, shapes
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 from invariants import profiles
 from invariants.device import checking
+from invariants.guard import DEFAULT_TIMEOUT_S, NotApplicable, TimedOut, harness_limit, member_at_fault, time_limit
 from invariants.subject import Factory, Subject
 from invariants.tolerances import Tolerance
 from model import kernels
@@ -30,10 +32,6 @@ VERDICTS = (PASS, FAIL, NOT_APPLICABLE, ERROR)
 
 class Violation(AssertionError):
     """A case whose measured error breaks the tolerance."""
-
-
-class NotApplicable(Exception):
-    """Raised by a check that finds, while running, that it has nothing to judge on this model (say why)."""
 
 
 @dataclass
@@ -82,10 +80,11 @@ class Property:
         replay: tuple[str, bytes] | None = None,
         profile: str = "",
         device: str = "cpu",
+        timeout: float | None = DEFAULT_TIMEOUT_S,
     ) -> Result:
         """The property's verdict on a model spec, factory or Subject (a Subject runs on its own device)."""
         subject = model if isinstance(model, Subject) else Subject(model, device)
-        return run(self, subject, settings, seed, replay, profile)
+        return run(self, subject, settings, seed, replay, profile, timeout)
 
 
 def invariant(
@@ -124,8 +123,14 @@ def run(
     seed: int | None = None,
     replay: tuple[str, bytes] | None = None,
     profile: str = "",
+    timeout: float | None = DEFAULT_TIMEOUT_S,
 ) -> Result:
     """Run one property against one subject and return its Result (never raises for a model's failure).
+
+    Whatever the model raises or returns, in any phase (the contract, the capability probes, applicability, the cases,
+    the measurement), the outcome is this property's verdict: a breach of the protocol's contract is `error` naming
+    the member, a non-finite measurement a `fail`, anything raised an `error` naming where, and a property still
+    running after `timeout` seconds (None: no limit) an `error` "timed out after N s" (invariants/guard.py).
 
     settings default to the suite's profile ($HYPOTHESIS_PROFILE, else ci); profile names it in the replay command.
     The reference's CPU kernels are used if built but never built here: a build takes longer than every check
@@ -133,7 +138,7 @@ def run(
     property runs without TF32 and with deterministic algorithms (invariants/device.py).
     """
     with kernels.without_building(), checking(subject.device):
-        return _run(prop, subject, settings, seed, replay, profile)
+        return _run(prop, subject, settings, seed, replay, profile, timeout)
 
 
 def _run(
@@ -143,13 +148,18 @@ def _run(
     seed: int | None,
     replay: tuple[str, bytes] | None,
     profile: str,
+    timeout: float | None,
 ) -> Result:
     start = time.perf_counter()
     tol = prop.tolerance
     result = Result(prop.name, prop.group, prop.description, PASS, None, tol.value, tol.bound, tol.reason, 0)
-    why_not = subject.lacks(*prop.needs) or prop.applicable(subject)
-    if why_not:
-        result.verdict, result.reason = NOT_APPLICABLE, why_not
+    breach = subject.breach(prop.name, timeout)
+    if breach:
+        result.verdict, result.reason = ERROR, f"not run: the model breaks the protocol's contract: {breach}"
+        return result
+    limit = harness_limit(prop.name, subject.config.vocab_size, subject.config.max_len)
+    if limit:
+        result.verdict, result.reason = NOT_APPLICABLE, limit
         return result
 
     worst_note = [""]  # the note of the worst case, for the report
@@ -160,6 +170,9 @@ def _run(
         error, note = measured if isinstance(measured, tuple) else (measured, "")
         error = float(error)
         result.examples += 1
+        if not math.isfinite(error):  # NaN or Inf meets no bound, whichever its direction
+            result.worst_error, worst_note[0] = error, note
+            raise Violation(f"measured {error} on {case!r}: not a finite number, which never passes")
         if result.worst_error is None or _worse(error, result.worst_error, tol):
             result.worst_error, worst_note[0] = error, note
         elif note and not worst_note[0] and error == result.worst_error:
@@ -178,23 +191,33 @@ def _run(
         else f"{' --profile ' + profile if profile else ''} --seed {seed}"
     )
     try:
-        if prop.cases is None:  # a fixed set of cases: nothing for hypothesis to draw
-            for case in prop.pinned(subject):
-                body(case)
-        else:
-            test = given(case=prop.cases(subject))(body)
-            for case in reversed(prop.pinned(subject)):
-                test = example(case=case)(test)
-            test = settings(test)
-            if not settings.derandomize:
-                test = hypothesis.seed(seed)(test)
-            if replay is not None:
-                test = hypothesis.reproduce_failure(*replay)(test)
-            test()
+        with time_limit(timeout):
+            why_not = subject.lacks(*prop.needs) or prop.applicable(subject)
+            if why_not:
+                raise NotApplicable(why_not)
+            if prop.cases is None:  # a fixed set of cases: nothing for hypothesis to draw
+                for case in prop.pinned(subject):
+                    body(case)
+            else:
+                test = given(case=prop.cases(subject))(body)
+                for case in reversed(prop.pinned(subject)):
+                    test = example(case=case)(test)
+                test = settings(test)
+                if not settings.derandomize:
+                    test = hypothesis.seed(seed)(test)
+                if replay is not None:
+                    test = hypothesis.reproduce_failure(*replay)(test)
+                test()
     except NotApplicable as exc:
         result.verdict, result.reason = NOT_APPLICABLE, str(exc)
         result.seconds = time.perf_counter() - start
         return result
+    except TimedOut:
+        result.verdict, result.reproduce = ERROR, command
+        result.reason = (
+            f"timed out after {timeout:g} s (a member that never returns? the limit is --timeout); "
+            f"{result.examples} cases measured by then"
+        )
     except Exception as exc:  # a violation fails; anything else raised is an error, never counted as a finding
         result.verdict = FAIL if isinstance(exc, Violation) else ERROR
         hypothesis_notes = [n.strip() for n in getattr(exc, "__notes__", [])]
@@ -207,7 +230,9 @@ def _run(
             "",
         )
         falsifying = next((n for n in hypothesis_notes if n.startswith(("Falsifying", "Failing"))), "")
+        where = "" if isinstance(exc, Violation) else member_at_fault(exc)
         what = str(exc) if isinstance(exc, Violation) else f"raised {type(exc).__name__}: {exc}"
+        what += f" (in {where})" if where else ""
         result.reason = " ".join(what.split())[:500]
         result.reproduce = command + (f' --replay "{blob}"' if blob else "")
         if falsifying and not isinstance(exc, Violation):

@@ -19,6 +19,7 @@ from model.files import write_atomic
 from model.provenance import git_commit
 
 MARK = {PASS: "pass", FAIL: "FAIL", NOT_APPLICABLE: "n/a", ERROR: "ERROR"}
+PARTIAL = ".partial"  # <slug>.partial.json and .md: a run of some properties only, beside the full report
 
 
 def slug(spec: str) -> str:
@@ -68,8 +69,17 @@ def summary_line(spec: str, results: list[Result], seconds: float, profile: str)
 
 
 def document(
-    spec: str, results: list[Result], profile: str, command: str, seconds: float, device: str = "cpu"
+    spec: str,
+    results: list[Result],
+    profile: str,
+    command: str,
+    seconds: float,
+    device: str = "cpu",
+    partial: str = "",
+    contract: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """The report as JSON. `partial` says why it holds fewer properties than the suite (--only, a replay, Ctrl-C): such a
+    report is written beside the full one, never over it; `contract` holds the protocol's breaches, member -> what."""
     return {
         "model": spec,
         "device": device,
@@ -81,6 +91,8 @@ def document(
         "command": command,
         "seconds": round(seconds, 1),
         "verdicts": {v: sum(r.verdict == v for r in results) for v in VERDICTS},
+        **({"partial": partial} if partial else {}),
+        **({"contract": dict(contract)} if contract else {}),
         "properties": [r.to_dict() for r in results],
     }
 
@@ -109,6 +121,21 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"Regenerate: `{doc['command']}`",
         "",
+        *(
+            [f"Partial report: {doc['partial']}. The full report, `{slug(doc['model'])}.md`, is left as it was.", ""]
+            if doc.get("partial")
+            else []
+        ),
+        *(
+            [
+                "## Breaches of the protocol's contract",
+                "",
+                *(f"- `{m}`: {why}" for m, why in doc["contract"].items()),
+                "",
+            ]
+            if doc.get("contract")
+            else []
+        ),
         tabulate(
             rows,
             ["#", "property", "verdict", "worst error", "tolerance", "examples", "what it checks"],
@@ -145,9 +172,11 @@ def writable_folder(folder: Path, flag: str = "--out") -> Path:
 
 
 def write(doc: dict[str, Any], out: Path) -> tuple[Path, Path]:
-    """Write <out>/<slug>.json and .md, each whole or not at all (a resumed kill matrix reads them); their paths."""
+    """Write <out>/<slug>.json and .md (<slug>.partial.* for a partial report, which so never replaces a full one),
+    each whole or not at all (a resumed kill matrix reads them); their paths."""
     out.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out / f"{slug(doc['model'])}.json", out / f"{slug(doc['model'])}.md"
+    stem = slug(doc["model"]) + (PARTIAL if doc.get("partial") else "")
+    json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
     write_atomic(json_path, json.dumps(doc, indent=1) + "\n")
     write_atomic(md_path, markdown(doc))
     return json_path, md_path

@@ -14,8 +14,9 @@ from typing import Callable, Iterator, Mapping, Union
 import torch
 from torch import Tensor
 
-from invariants import capabilities
+from invariants import capabilities, contract
 from invariants.device import placed, resolve
+from invariants.guard import HarnessLimit, TimedOut, time_limit
 from model.batch import Batch
 from model.config import TransformerConfig
 from model.table3 import preset
@@ -48,14 +49,52 @@ class Subject:
         self.name = str(model) if self.spec else getattr(model, "__qualname__", repr(model))
         self._factory = None if self.spec else model
         self._models: dict[tuple[tuple, torch.dtype], Seq2SeqModel] = {}
+        self._breaches: dict[str, str] | None = None  # protocol member -> how it breaks the contract (contract.py)
+        first = None
         try:
             with torch.device("meta"):  # validates the spec without allocating weights
                 first = self.build(OWN_CONFIG)
         except Exception:  # some adapters cannot be built on meta; a bad spec raises SpecError here
-            first = self.model(OWN_CONFIG, torch.float32)
-        self.config: TransformerConfig = first.config
-        self.unsupported: Mapping[str, str] = dict(first.unsupported)  # as the model declares them
+            try:
+                first = self.model(OWN_CONFIG, torch.float32)
+            except SpecError:
+                raise
+            except Exception:  # noqa: BLE001 - the contract builds it again and names what it raised, per property
+                pass
+        # What the model declares, read as the protocol has it; anything else is the contract's breach to report.
+        config = getattr(first, "config", None)
+        self.config: TransformerConfig = config if isinstance(config, TransformerConfig) else self._fallback_config()
+        declared = getattr(first, "unsupported", None)
+        self.unsupported: Mapping[str, str] = dict(declared) if isinstance(declared, Mapping) else {}
         self._probed: dict[str, str | None] = {}  # capability -> why a try of it failed (None: it went through)
+
+    def _fallback_config(self) -> TransformerConfig:
+        """The config the spec asks for, where the model does not say which it was built at."""
+        try:
+            return preset(self.spec.variant if self.spec and self.spec.variant in ("base", "big") else "base").replace(
+                **(self.spec.overrides if self.spec else {})
+            )
+        except Exception:  # noqa: BLE001 - an override a registered builder reads itself
+            return preset("base")
+
+    def breach(self, prop: str, timeout: float | None = None) -> str | None:
+        """How the model breaks the protocol's contract in a member that `prop` calls, or None. The contract is checked
+        once, on the spec's own model in float64, within `timeout` seconds (invariants/contract.py)."""
+        if self._breaches is None:
+            try:
+                with time_limit(timeout):
+                    self._breaches = contract.check(lambda: self.model(OWN_CONFIG))
+            except TimedOut:
+                self._breaches = {
+                    "build": f"building the model and one tiny batch through it did not end within {timeout:g} s "
+                    "(a member that never returns? the limit is --timeout)"
+                }
+        return next((why for member, why in self._breaches.items() if contract.depends(member, prop)), None)
+
+    @property
+    def breaches(self) -> dict[str, str]:
+        """Every breach of the contract found so far (empty before the first property runs, or when there is none)."""
+        return dict(self._breaches or {})
 
     def build(self, overrides: Overrides) -> Seq2SeqModel:
         """A fresh model with these config overrides (uncached, on the current default device)."""
@@ -105,7 +144,14 @@ class Subject:
 
 
 def tokens(cfg: TransformerConfig, shape: tuple[int, ...], gen: torch.Generator, distinct: bool = False) -> Tensor:
-    """Random non-pad token ids; distinct=True gives each row different tokens (needs shape[-1] < vocab)."""
+    """Random non-pad token ids; distinct=True gives each row different tokens (needs shape[-1] < vocab). A vocabulary
+    too small to sample from is the harness's limit: HarnessLimit, which makes the property not applicable."""
+    needed = shape[-1] + 1 if distinct else 2
+    if cfg.vocab_size < needed:
+        raise HarnessLimit(
+            f"not applicable at vocab_size={cfg.vocab_size}: this property needs at least {needed} tokens to sample "
+            "from; a limit of the harness, not of the model"
+        )
     if distinct:
         rows = [torch.randperm(cfg.vocab_size - 1, generator=gen)[: shape[-1]] for _ in range(shape[0])]
         ids = torch.stack(rows)

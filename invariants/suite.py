@@ -20,6 +20,7 @@ from invariants import (
     sublayer_dropout,
 )
 from invariants.engine import Property, Result
+from invariants.guard import DEFAULT_TIMEOUT_S
 from invariants.subject import Factory, Subject
 
 PROPERTIES: list[Property] = [
@@ -84,6 +85,14 @@ def select(names: list[str] | None) -> list[Property]:
     return [BY_NAME[n] for n in names]
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run, carrying the verdicts reached before it (so that they can be saved)."""
+
+    def __init__(self, results: list[Result]) -> None:
+        super().__init__(f"stopped after {len(results)} properties")
+        self.results = results
+
+
 def run_suite(
     model: str | Factory | Subject,
     properties: list[Property] | None = None,
@@ -93,13 +102,18 @@ def run_suite(
     progress: bool = False,
     profile: str = "",
     device: str = "cpu",
+    timeout: float | None = DEFAULT_TIMEOUT_S,
 ) -> list[Result]:
     """Run properties (default: all) against one model, on `device` unless it is a Subject (which has its own); a bad
-    spec raises model.SpecError before any runs."""
+    spec raises model.SpecError before any runs, Ctrl-C raises Interrupted with the verdicts reached so far, and each
+    property gets `timeout` seconds (None: no limit)."""
     subject = model if isinstance(model, Subject) else Subject(model, device)
-    results = []
+    results: list[Result] = []
     bar = tqdm(properties or PROPERTIES, desc=subject.name, unit="property", disable=not progress, leave=False)
-    for prop in bar:
-        bar.set_postfix_str(prop.name)
-        results.append(prop(subject, settings=settings, seed=seed, replay=replay, profile=profile))
+    try:
+        for prop in bar:
+            bar.set_postfix_str(prop.name)
+            results.append(prop(subject, settings=settings, seed=seed, replay=replay, profile=profile, timeout=timeout))
+    except KeyboardInterrupt:
+        raise Interrupted(results) from None
     return results

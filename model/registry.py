@@ -158,6 +158,10 @@ def parse_config_overrides(text: str, where: str = "") -> dict[str, object]:
         key, eq, value = pair.partition("=")
         if not eq or not key.strip():
             raise SpecError(f"{where or repr(text)}: override {pair!r} is not key=value")
+        if key.strip() in raw:
+            raise SpecError(
+                f"{where or repr(text)}: {key.strip()} is given twice ({key.strip()}={raw[key.strip()]}, {pair}); give it once"
+            )
         raw[key.strip()] = value.strip()
     try:
         return parse_overrides(raw)

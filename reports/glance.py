@@ -7,16 +7,26 @@ the source of `python -m invariants --list`), so that neither can go stale. Same
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
 from invariants.engine import VERDICTS
 from invariants.suite import PROPERTIES
-from model.files import write_atomic
+from ablations.runs.folder import warn
+from model.files import shown_path, write_atomic
 from reports import table3, table3_text
-from reports.inputs import KILL_MATRIX, MissingInput, budget_folders, load_budget
+from reports.inputs import (
+    BENCH_COMMAND,
+    INVARIANTS_COMMAND,
+    KILL_MATRIX,
+    KILL_MATRIX_COMMAND,
+    PARTIAL_JSON,
+    MissingInput,
+    budget_folders,
+    load_budget,
+    read_json,
+)
 
 
 def replace_block(text: str, name: str, body: str) -> str:
@@ -45,9 +55,13 @@ def invariants_rows(folder: Path, root: Path) -> list[str]:
     """One row per model's invariants report: its verdict counts, date and commit."""
     rows = []
     for path in sorted(folder.glob("*.json")):
-        report = json.loads(path.read_text())
-        if "verdicts" not in report or "model" not in report:
-            continue  # the kill matrix
+        if path.name.endswith(PARTIAL_JSON):
+            continue  # a run of some properties only, beside the full report
+        report = read_json(
+            path, KILL_MATRIX_COMMAND if path.name == KILL_MATRIX else INVARIANTS_COMMAND.format(model="SPEC")
+        )
+        if report is None or not isinstance(report.get("verdicts"), dict) or "model" not in report:
+            continue  # the kill matrix, or a damaged report (named once, by read_json)
         counts = ", ".join(
             f"{report['verdicts'][v]} {v.replace('_', ' ')}" for v in VERDICTS if report["verdicts"].get(v)
         )
@@ -65,12 +79,17 @@ def invariants_rows(folder: Path, root: Path) -> list[str]:
 def kill_matrix_row(folder: Path, root: Path) -> str | None:
     """How many mutants the matrix in `folder` catches and how many properties each fails, with date and commit."""
     path = folder / KILL_MATRIX
-    if not path.is_file():
+    matrix = read_json(path, KILL_MATRIX_COMMAND) if path.is_file() else None
+    try:
+        fails = {m: sum(v == "fail" for v in matrix["verdicts"].get(m, {}).values()) for m in matrix["mutants"]}
+        len(matrix["properties"])
+    except (AttributeError, KeyError, TypeError):
+        return None  # absent, or damaged (named once, by read_json or reports.inputs)
+    if not fails:
         return None
-    matrix = json.loads(path.read_text())
-    fails = {m: sum(v == "fail" for v in matrix["verdicts"].get(m, {}).values()) for m in matrix["mutants"]}
     caught = sum(n > 0 for n in fails.values())
-    dates = [json.loads(p.read_text()).get("date", "") for p in sorted((folder / "mutants").glob("*.json"))]
+    mutants = [read_json(p, KILL_MATRIX_COMMAND) for p in sorted((folder / "mutants").glob("*.json"))]
+    dates = [str(doc.get("date", "")) for doc in mutants if doc is not None]
     where = "small config" if matrix.get("config") else "base config"
     return _row(
         f"[kill matrix]({_link(path.with_suffix('.md'), root)}), {where}",
@@ -103,9 +122,17 @@ def table3_rows(results_dir: Path, out_dir: Path, root: Path) -> list[str]:
 
 def bench_rows(path: Path, root: Path) -> list[str]:
     """The benchmark's tokens/s ratios against the reference, per size: training step and beam search."""
-    if not path.is_file():
+    bench = read_json(path, BENCH_COMMAND) if path.is_file() else None
+    try:
+        return _bench_rows(bench, path, root) if bench is not None else []
+    except (AttributeError, KeyError, TypeError, ZeroDivisionError) as exc:
+        warn(
+            f"skipping {shown_path(path)}: not a benchmark report ({type(exc).__name__}: {exc}); regenerate it with `{BENCH_COMMAND}`"
+        )
         return []
-    bench = json.loads(path.read_text())
+
+
+def _bench_rows(bench: dict, path: Path, root: Path) -> list[str]:
     rows = []
     for size in ("base", "scaled"):
         for what, key, name_key, rate_key in (

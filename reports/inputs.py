@@ -23,6 +23,7 @@ from model.files import shown_path
 RESULTS_DIR = Path("reports") / "results"  # default paths are relative to the working directory (the repository root)
 INVARIANTS_DIR = Path("reports") / "invariants"
 KILL_MATRIX = "kill_matrix.json"
+PARTIAL_JSON = ".partial.json"  # invariants.report.PARTIAL: a run of some properties only, never a model's full report
 ABLATIONS_COMMAND = "nox -s ablations -- run --budget {budget} && nox -s ablations -- publish --budget {budget}"
 INVARIANTS_COMMAND = "nox -s invariants -- --model {model}"
 KILL_MATRIX_COMMAND = "nox -s invariants -- --kill-matrix"
@@ -32,6 +33,25 @@ BENCH_COMMAND = "nox -s bench"
 
 class MissingInput(Exception):
     """An input folder or file that is absent; the message is one line naming the command that produces it."""
+
+
+_WARNED: set[Path] = set()  # damaged files already named, so that each gets one warning per run
+
+
+def read_json(path: Path, command: str, shape: type = dict) -> dict | list | None:
+    """The JSON in `path` when it parses to a `shape`; else None and one warning naming the file and the command that
+    writes it again (a truncated, foreign or non-UTF-8 file is skipped: the reports keep every section they can build)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(doc, shape):
+            raise ValueError(f"holds a JSON {type(doc).__name__}, not an object")
+        return doc
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        if path not in _WARNED:
+            _WARNED.add(path)
+            why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+            R.warn(f"skipping {shown_path(path)}: damaged ({why}); regenerate it with `{command}`")
+        return None
 
 
 @dataclass(frozen=True)
@@ -140,10 +160,10 @@ def _reports(folder: Path) -> list[tuple[InvariantsReport, list[dict]]]:
     """Each `<model>.json` in folder (the kill matrix aside) with its list of property results."""
     found = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        if path.name == KILL_MATRIX:
-            continue
+        if path.name == KILL_MATRIX or path.name.endswith(PARTIAL_JSON):
+            continue  # a partial run (--only, a replay, Ctrl-C) sits beside the model's full report
+        doc = read_json(path, INVARIANTS_COMMAND.format(model="SPEC"))
         try:
-            doc = json.loads(path.read_text())
             model = doc.get("model", path.stem)
             found.append(
                 (
@@ -151,11 +171,13 @@ def _reports(folder: Path) -> list[tuple[InvariantsReport, list[dict]]]:
                     [{"name": p["name"], "verdict": p["verdict"]} for p in doc["properties"]],
                 )
             )
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise MissingInput(
-                f"{shown_path(path)} is not an invariants report ({type(exc).__name__}: {exc}); "
-                f"regenerate it with `{INVARIANTS_COMMAND.format(model='SPEC')}`"
-            ) from None
+        except (AttributeError, KeyError, TypeError) as exc:
+            if doc is not None and path not in _WARNED:
+                _WARNED.add(path)
+                R.warn(
+                    f"skipping {shown_path(path)}: not an invariants report ({type(exc).__name__}: {exc}); "
+                    f"regenerate it with `{INVARIANTS_COMMAND.format(model='SPEC')}`"
+                )
     return found
 
 
@@ -171,14 +193,23 @@ def load_invariants(folder: Path) -> Invariants:
         {"model": r.model, "property": p["name"], "verdict": p["verdict"]} for r, props in models for p in props
     ]
     kills, kill_command = [], KILL_MATRIX_COMMAND
-    if kill_path.is_file():
-        matrix = json.loads(kill_path.read_text())
-        kill_command = matrix.get("command") or KILL_MATRIX_COMMAND
-        kills = [
-            {"mutant": mutant, "property": prop, "verdict": matrix["verdicts"].get(mutant, {}).get(prop, "missing")}
-            for mutant in matrix["mutants"]
-            for prop in matrix["properties"]
-        ]
+    matrix = read_json(kill_path, KILL_MATRIX_COMMAND) if kill_path.is_file() else None
+    try:
+        kill_command = (matrix or {}).get("command") or KILL_MATRIX_COMMAND
+        kills = (
+            [
+                {"mutant": mutant, "property": prop, "verdict": matrix["verdicts"].get(mutant, {}).get(prop, "missing")}
+                for mutant in matrix["mutants"]
+                for prop in matrix["properties"]
+            ]
+            if matrix
+            else []
+        )
+    except (AttributeError, KeyError, TypeError) as exc:
+        kills = []
+        R.warn(
+            f"skipping {shown_path(kill_path)}: not a kill matrix ({type(exc).__name__}: {exc}); regenerate it with `{KILL_MATRIX_COMMAND}`"
+        )
     return Invariants(
         folder,
         [r for r, _ in models],

@@ -21,6 +21,7 @@ def not_passed(results) -> dict[str, str]:
     return {r.name: r.verdict for r in results if r.verdict != PASS}
 
 
+@pytest.mark.slow
 def test_hf_marian_passes_every_property_but_the_papers_interleaved_layout():
     results = run_suite(f"hf-marian,{SMALL}", settings=few(2))
     assert not_passed(results) == {"pe_exact_values": FAIL}
@@ -28,6 +29,7 @@ def test_hf_marian_passes_every_property_but_the_papers_interleaved_layout():
     assert "layout" in layout.reason and "concatenated" in layout.reason
 
 
+@pytest.mark.slow
 def test_hf_bart_passes_every_property_and_its_learned_positions_are_measured_not_sinusoidal():
     results = run_suite(f"hf-bart,{SMALL}", settings=few(2))
     assert not_passed(results) == {"pe_relative_linearity": NOT_APPLICABLE, "pe_exact_values": NOT_APPLICABLE}
@@ -81,6 +83,7 @@ def test_bad_hf_specs_are_one_line(spec, message):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_without_transformers_the_error_says_how_to_install_it():
     code = "import sys; sys.modules['transformers'] = None\nfrom model import load_model\nload_model('hf-bart')"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -7,6 +7,7 @@ import pytest
 
 
 @pytest.mark.parametrize("ci", ["", "1"])
+@pytest.mark.slow
 def test_dev_and_thorough_stay_random_and_ci_stays_derandomized_whether_or_not_ci_is_set(ci):
     # Hypothesis loads its derandomized ci profile at import when CI is set; a profile registered on top of the
     # loaded one would inherit that, and a user's --hypothesis-seed would then be ignored.

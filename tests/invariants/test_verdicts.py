@@ -45,12 +45,14 @@ def verdicts(results) -> dict[str, str]:
     return {r.name: r.verdict for r in results}
 
 
+@pytest.mark.slow
 def test_reference_model_passes_every_invariant():
     results = run_suite(f"reference,{SMALL}", settings=few(EXAMPLES))
     failed = [f"{r.name}: {r.reason}" for r in results if r.verdict != PASS]
     assert not failed, failed
 
 
+@pytest.mark.slow
 def test_torch_nn_transformer_gets_its_documented_verdicts():
     # Real findings about torch.nn.Transformer 2.13 (docs/invariants.md, "Findings on real models"): no KV cache,
     # rows B1/B2 unbuildable, a fully padded source or target row gives NaN logits and gradients when attention
@@ -105,6 +107,7 @@ def annotated_float32_table(positions: int, d_model: int) -> torch.Tensor:
     return table
 
 
+@pytest.mark.slow
 def test_a_sinusoid_table_computed_in_float32_passes_the_pe_checks():
     def annotated(config):
         return Transformer(config, Parts(position_table=annotated_float32_table))

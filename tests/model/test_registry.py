@@ -109,6 +109,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "model", *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_info_json_reports_config_and_integer_params():
     result = run_cli("info", "reference:base,N=2", "--json")
     info = json.loads(result.stdout)
@@ -118,6 +119,7 @@ def test_info_json_reports_config_and_integer_params():
     assert set(info["params_by_part"]) == {"embeddings", "encoder", "decoder"}
 
 
+@pytest.mark.slow
 def test_info_bad_spec_exits_2_with_one_line():
     result = run_cli("info", "nope")
     assert result.returncode == 2
@@ -144,7 +146,7 @@ def test_an_adapter_file_is_imported_once_however_many_models_it_builds(tmp_path
     )
     with torch.device("meta"):
         for n in (1, 2, 3):
-            load_model(f"{path}:make,{SMALL},N={n}")
+            load_model(f"{path}:make,{SMALL.replace('N=1,', '')},N={n}")
     assert log.read_text().splitlines() == ["imported"]
 
 
@@ -167,6 +169,7 @@ def test_protocol_members_are_read_from_the_protocol_class():
     assert {"forward", "encode", "decode", "parameter_groups", "train"} <= set(MEMBERS)
 
 
+@pytest.mark.slow
 def test_mutants_are_registered_by_the_invariants_not_named_by_the_model_layer():
     code = (
         "import sys; sys.modules['transformers'] = None  # the hf adapter is skipped (it registers no mutant)\n"

@@ -94,6 +94,7 @@ def built(tmp_path_factory):
     return code, root, drawn
 
 
+@pytest.mark.slow
 def test_build_writes_every_table_and_figure(built):
     code, root, _ = built
     out = root / "out"
@@ -256,10 +257,11 @@ def test_a_damaged_invariants_report_is_one_line_naming_it(tmp_path, capsys):
     write_invariants(tmp_path / "invariants")
     (tmp_path / "invariants" / "torch-nn.json").write_text('{"model": "torch-nn", "propert')
     code = main(reports_argv(tmp_path, results="none"))
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 2 and "torch-nn.json is not an invariants report (JSONDecodeError" in err[1]
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "torch-nn.json" in line]
+    assert code == 0 and len(err) == 1 and "warning: skipping" in err[0] and "torch-nn.json: damaged" in err[0]
 
 
+@pytest.mark.slow
 def test_two_budgets_that_translate_get_one_figure_of_their_verdicts_side_by_side(tmp_path):
     write_fixture(tmp_path / "results", "cpu")
     write_fixture(tmp_path / "results", "smoke")

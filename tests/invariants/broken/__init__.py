@@ -1,0 +1,1 @@
+"""Small broken adapters, each with the verdict it must get (verdicts.py)."""
