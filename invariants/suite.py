@@ -12,6 +12,7 @@ from invariants import (
     cross_attention,
     feedforward,
     objective,
+    oracle,
     params,
     permutation,
     positional,
@@ -61,6 +62,10 @@ PROPERTIES: list[Property] = [
     feedforward.ffn_nonlinear,
     feedforward.ffn_relu,
     cross_attention.source_reaches_logits,
+    oracle.oracle_encoder,
+    oracle.oracle_decoder,
+    oracle.oracle_logits,
+    oracle.oracle_cached_decoding,
 ]
 BY_NAME = {p.name: p for p in PROPERTIES}
 # Names that older reports and replay lines give, and what became of them.

@@ -17,6 +17,7 @@ from torch.nn import Parameter
 
 from model.attention import AttentionRecord, KVCache
 from model.config import TransformerConfig
+from model.paper_params import PaperParams
 
 # Capabilities a model may lack, each with the checks that need it.
 CAPABILITIES = {
@@ -87,6 +88,19 @@ class Seq2SeqModel(Protocol):
     def state_dict(self) -> Mapping[str, Tensor]: ...
 
     def load_state_dict(self, state_dict: Mapping[str, Tensor], strict: bool = True): ...
+
+
+@runtime_checkable
+class PaperLayout(Protocol):
+    """Optional members, not part of Seq2SeqModel: a model that has them can be checked against the paper's equations
+    holding its own weights (invariants/oracle.py); one without them gets those checks "not applicable"."""
+
+    def paper_params(self) -> PaperParams:
+        """The weights in the paper's layout: embeddings (3.4), W^Q_i, W^K_i, W^V_i, W^O (3.2.2), W1, b1, W2, b2
+        (eq. 2), LayerNorm gains and biases (3.1), the positional encoding (3.5); what the paper lacks in `extras`."""
+
+    def paper_sublayers(self, src: Tensor, tgt: Tensor, src_pad: Tensor, tgt_pad: Tensor) -> Mapping[str, Tensor]:
+        """Sub-layer outputs of one eval-mode forward pass, by the names of model.paper_params.sites (any subset)."""
 
 
 # The protocol's members in the order written above: its annotated attributes, then its methods.

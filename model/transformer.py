@@ -27,6 +27,7 @@ from model.layers import (
     sinusoidal_table,
 )
 from model.objective import label_smoothed_loss
+from model.paper_params import PaperParams, export_paper_params, reference_sublayers
 
 
 def causal_mask(queries: int, keys: int, offset: int, device: torch.device | None = None) -> Tensor:
@@ -153,6 +154,14 @@ class Transformer(nn.Module):
 
     def embedding_weights(self) -> dict[str, Tensor]:
         return {"source": self.src_embed.weight, "target": self.tgt_embed.weight, "generator": self.generator.weight}
+
+    def paper_params(self) -> PaperParams:
+        """The weights in the paper's layout (model/paper_params.py), for the oracle (invariants/oracle.py)."""
+        return export_paper_params(self)
+
+    def paper_sublayers(self, src: Tensor, tgt: Tensor, src_pad: Tensor, tgt_pad: Tensor) -> dict[str, Tensor]:
+        """Each sub-layer's output during one forward pass, by the names of model.paper_params.sites."""
+        return reference_sublayers(self, src, tgt, src_pad, tgt_pad)
 
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
         embeddings = [self.src_embed.weight, self.tgt_embed.weight, self.generator.weight, *self.pe.parameters()]

@@ -62,7 +62,7 @@ def softmax_over_queries(q, k, v, allowed, need_weights):
 @register_mutant(
     "no_attention_scaling",
     bug="attention logits not divided by sqrt(d_k)",
-    caught_by=("attention_scaling",),
+    caught_by=("attention_scaling", "oracle_encoder", "oracle_logits"),
     part="attend",
 )
 def unscaled_attention(q, k, v, allowed, need_weights):
@@ -155,7 +155,7 @@ def attention_over_sqrt_d_model(q, k, v, allowed, need_weights):
 @register_mutant(
     "cross_attention_unscaled",
     bug="cross-attention logits not divided by sqrt(d_k), the self-attentions' are",
-    caught_by=("attention_scaling",),
+    caught_by=("attention_scaling", "oracle_decoder"),
     known_bug=False,
 )
 class CrossAttentionUnscaled(Transformer):

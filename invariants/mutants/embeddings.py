@@ -14,7 +14,7 @@ from model.transformer import Parts, Transformer
 @register_mutant(
     "pe_concatenated",
     bug="positional encoding with sin and cos concatenated, not interleaved",
-    caught_by=("pe_exact_values",),
+    caught_by=("pe_exact_values", "oracle_encoder"),
     part="position_table",
 )
 def pe_concatenated(positions: int, d_model: int) -> Tensor:
@@ -94,7 +94,7 @@ class OffsetlessEncoding(PositionalEncoding):
 @register_mutant(
     "cache_ignores_offset",
     bug="cached decoding adds the positions of 0.. to every new chunk",
-    caught_by=("cached_decoding",),
+    caught_by=("cached_decoding", "oracle_cached_decoding"),
     known_bug=False,
 )
 class CacheIgnoresOffset(Transformer):

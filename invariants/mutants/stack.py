@@ -203,7 +203,7 @@ class DecoderFfnWithoutRelu(Transformer):
 @register_mutant(
     "ffn_gelu",
     bug="feed-forward networks with GELU (BERT's and GPT's activation) in place of eq. (2)'s ReLU",
-    caught_by=("ffn_relu",),
+    caught_by=("ffn_relu", "oracle_logits"),
     known_bug=False,
 )
 class FfnGelu(Transformer):

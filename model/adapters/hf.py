@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from typing import Callable, Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download at run time
@@ -31,6 +32,17 @@ from model.config import TransformerConfig  # noqa: E402
 from model.init import initialise  # noqa: E402
 from model.layers import temporarily  # noqa: E402
 from model.objective import label_smoothed_loss  # noqa: E402
+from model.paper_params import (  # noqa: E402
+    DecoderLayer,
+    EncoderLayer,
+    FeedForward,
+    PaperParams,
+    Positions,
+    extras,
+    layer_norm,
+    multi_head,
+    sublayer_recorder,
+)
 from model.registry import register_model  # noqa: E402
 
 transformers.logging.set_verbosity_error()  # no notes about tied weights or SDPA fallbacks in the suite's output
@@ -181,6 +193,75 @@ class HFSeq2Seq(nn.Module):
             "target": self.decoder.embed_tokens.weight,
             "generator": self.hf.lm_head.weight,
         }
+
+    def paper_params(self) -> PaperParams:
+        """HF's weights in the paper's layout: q_proj, k_proj, v_proj, out_proj are W^Q, W^K, W^V, W^O as (out, in)
+        Linears with biases; fc1, fc2 are eq. (2)'s maps; self_attn_layer_norm, encoder_attn_layer_norm and
+        final_layer_norm follow the sub-layers; embed_positions holds the positions (BART's after `offset` rows)."""
+        h = self.config.h
+        mha = lambda a: multi_head(  # noqa: E731
+            a.q_proj.weight,
+            a.k_proj.weight,
+            a.v_proj.weight,
+            a.out_proj.weight,
+            h,
+            (a.q_proj.bias, a.k_proj.bias, a.v_proj.bias, a.out_proj.bias),
+        )
+        ffn = lambda layer: FeedForward(layer.fc1.weight.T, layer.fc1.bias, layer.fc2.weight.T, layer.fc2.bias)  # noqa: E731
+        table = lambda stack: stack.embed_positions.weight[getattr(stack.embed_positions, "offset", 0) :]  # noqa: E731
+        encoder = tuple(
+            EncoderLayer(
+                mha(layer.self_attn),
+                layer_norm(layer.self_attn_layer_norm),
+                ffn(layer),
+                layer_norm(layer.final_layer_norm),
+            )
+            for layer in self.encoder.layers
+        )
+        decoder = tuple(
+            DecoderLayer(
+                mha(layer.self_attn),
+                layer_norm(layer.self_attn_layer_norm),
+                mha(layer.encoder_attn),
+                layer_norm(layer.encoder_attn_layer_norm),
+                ffn(layer),
+                layer_norm(layer.final_layer_norm),
+            )
+            for layer in self.decoder.layers
+        )
+        positions = Positions(self.config.pe, table(self.encoder), table(self.decoder))
+        embeddings = (self.encoder.embed_tokens.weight, self.decoder.embed_tokens.weight, self.hf.lm_head.weight)
+        params = PaperParams(*embeddings, positions, encoder, decoder)
+        more = extras(self, params)  # BART's layernorm_embedding; a final layer_norm where a config adds one
+        if bool(self.hf.final_logits_bias.any()):  # a buffer added to the logits, zero unless trained
+            more["hf.final_logits_bias"] = self.hf.final_logits_bias
+        return replace(params, extras=more)
+
+    def paper_sublayers(self, src: Tensor, tgt: Tensor, src_pad: Tensor, tgt_pad: Tensor) -> dict[str, Tensor]:
+        """Sub-layer outputs by forward hooks on HF's modules (attention is called with keyword arguments)."""
+        hooks: dict[str, tuple[nn.Module, str]] = {}
+        for name, stack in (("encoder", self.encoder), ("decoder", self.decoder)):
+            hooks[f"{name}.embedded"] = (stack.layers[0], "input")
+            for i, layer in enumerate(stack.layers):
+                p = f"{name}.{i}."
+                hooks |= {
+                    p + "self_attention.input": (layer.self_attn, "input"),
+                    p + "self_attention": (layer.self_attn, "output"),
+                }
+                hooks |= {p + "norm_1": (layer.self_attn_layer_norm, "output"), p + "ffn.input": (layer.fc1, "input")}
+                hooks[p + "ffn"] = (layer.fc2, "output")
+                if name == "encoder":
+                    hooks[p + "norm_2"] = (layer.final_layer_norm, "output")
+                    continue
+                a = layer.encoder_attn
+                hooks |= {p + "cross_attention.input": (a, "input"), p + "cross_attention.memory": (a, "memory")}
+                hooks |= {p + "cross_attention": (a, "output"), p + "norm_2": (layer.encoder_attn_layer_norm, "output")}
+                hooks[p + "norm_3"] = (layer.final_layer_norm, "output")
+        hooks["decoder.output"] = (self.hf.lm_head, "input")
+        with sublayer_recorder(hooks) as recorded:
+            recorded["encoder.output"] = memory = self.encode(src, src_pad)
+            recorded["logits"] = self.decode(tgt, memory, src_pad, tgt_pad)
+        return recorded
 
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
         lookups = [

@@ -7,6 +7,7 @@ checks: torch adds a final LayerNorm after the encoder and after the decoder, an
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import replace
 from typing import Iterator
 
 import torch
@@ -17,6 +18,17 @@ from model.config import TransformerConfig
 from model.init import initialise
 from model.layers import PositionalEncoding, embedding_scale
 from model.objective import label_smoothed_loss
+from model.paper_params import (
+    DecoderLayer,
+    EncoderLayer,
+    FeedForward,
+    PaperParams,
+    Positions,
+    extras,
+    layer_norm,
+    multi_head,
+    sublayer_recorder,
+)
 from model.registry import register_model
 
 
@@ -133,6 +145,70 @@ class TorchTransformer(nn.Module):
     def embedding_weights(self) -> dict[str, Tensor]:
         w = self.embedding.weight
         return {"source": w, "target": w, "generator": w}
+
+    def paper_params(self) -> PaperParams:
+        """torch's weights in the paper's layout: in_proj_weight stacks the (out, in) weights of W^Q, W^K, W^V in
+        that order (torch.nn.MultiheadAttention); linear1, linear2 are eq. (2)'s maps; norm1..3 follow the sub-layers."""
+        h = self.config.h
+
+        def mha(m: nn.MultiheadAttention):
+            q, k, v = m.in_proj_weight.chunk(3)
+            b = m.in_proj_bias.chunk(3) if m.in_proj_bias is not None else (None, None, None)
+            return multi_head(q, k, v, m.out_proj.weight, h, (*b, m.out_proj.bias))
+
+        def ffn(layer: nn.Module) -> FeedForward:
+            return FeedForward(layer.linear1.weight.T, layer.linear1.bias, layer.linear2.weight.T, layer.linear2.bias)
+
+        table = self.pe.table(self.pe.table_len()) if self.config.pe != "none" else None
+        encoder = tuple(
+            EncoderLayer(mha(layer.self_attn), layer_norm(layer.norm1), ffn(layer), layer_norm(layer.norm2))
+            for layer in self.core.encoder.layers
+        )
+        decoder = tuple(
+            DecoderLayer(
+                mha(layer.self_attn),
+                layer_norm(layer.norm1),
+                mha(layer.multihead_attn),
+                layer_norm(layer.norm2),
+                ffn(layer),
+                layer_norm(layer.norm3),
+            )
+            for layer in self.core.decoder.layers
+        )
+        w = self.embedding.weight
+        params = PaperParams(w, w, w, Positions(self.config.pe, table, table), encoder, decoder)
+        return replace(
+            params, extras=extras(self, params)
+        )  # torch's final LayerNorms, core.encoder.norm and .decoder.norm
+
+    def paper_sublayers(self, src: Tensor, tgt: Tensor, src_pad: Tensor, tgt_pad: Tensor) -> dict[str, Tensor]:
+        """Sub-layer outputs by forward hooks on torch's modules (the fused fast path, which calls none, switched off)."""
+        hooks: dict[str, tuple[nn.Module, str]] = {}
+        for stack in ("encoder", "decoder"):
+            layers = getattr(self.core, stack).layers
+            hooks[f"{stack}.embedded"] = (layers[0], "input")
+            for i, layer in enumerate(layers):
+                p = f"{stack}.{i}."
+                hooks |= {
+                    p + "self_attention.input": (layer.self_attn, "input"),
+                    p + "self_attention": (layer.self_attn, "output"),
+                }
+                hooks |= {p + "norm_1": (layer.norm1, "output"), p + "ffn.input": (layer.linear1, "input")}
+                hooks |= {p + "ffn": (layer.linear2, "output"), p + "norm_2": (layer.norm2, "output")}
+                if stack == "decoder":
+                    a = layer.multihead_attn
+                    hooks |= {p + "cross_attention.input": (a, "input"), p + "cross_attention.memory": (a, "memory")}
+                    hooks |= {p + "cross_attention": (a, "output"), p + "norm_3": (layer.norm3, "output")}
+        hooks["decoder.output"] = (self.core.decoder, "output")
+        fastpath = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            with sublayer_recorder(hooks) as recorded:
+                recorded["encoder.output"] = memory = self.encode(src, src_pad)
+                recorded["logits"] = self.decode(tgt, memory, src_pad, tgt_pad)
+        finally:
+            torch.backends.mha.set_fastpath_enabled(fastpath)
+        return recorded
 
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
         return {

@@ -60,7 +60,7 @@ def test_a_replay_writes_its_own_partial_report_and_leaves_the_full_one(tmp_path
     assert main(["--model", spec, "--only", "params_tied_embeddings", "--out", str(tmp_path)]) == 0
     assert (tmp_path / f"{report.slug(spec)}.md").read_text() == before
     partial = json.loads((tmp_path / f"{report.slug(spec)}.partial.json").read_text())
-    assert partial["partial"] == "1 of 37 properties (--only)" and len(partial["properties"]) == 1
+    assert partial["partial"] == "1 of 41 properties (--only)" and len(partial["properties"]) == 1
 
 
 def test_ctrl_c_saves_the_verdicts_reached_as_a_partial_report_beside_the_full_one(tmp_path, capsys):

@@ -1,0 +1,343 @@
+"""Invariant 10: the paper as an oracle. The model's own weights, handed over in the paper's layout
+(model/paper_params.py), are loaded into the reference at the model's config; in float64 and eval mode the two must
+agree on the encoder's output, the decoder's logits, the whole forward pass and cached decoding, on drawn batches.
+
+Where they differ, the sub-layers are compared one by one with the same input fed to both: the model's own output of
+the sub-layer before (from `paper_sublayers`) enters the paper's next one, so each sub-layer is judged on its own, and
+the report names the first that departs, with its equation or section and the size of the difference, and every other
+that departs. A model without `paper_params` gets these checks not applicable; one without `paper_sublayers` gets its
+verdict with "could not localise".
+
+Positions: a sinusoidal table the model holds is judged against section 3.5's formula at float32 precision
+(tol.PE_VALUES: most models, the reference too, keep it in float32) and, if it passes, used as is, so that everything
+after it compares at float64 precision; a table that departs is replaced by the formula, and the outputs then differ.
+A learned table (Table 3 row E) is used as is and reported.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+from torch import Tensor
+
+from invariants import tolerances as tol
+from invariants.cases import small_configs
+from invariants.engine import invariant
+from invariants.subject import OWN_CONFIG, Overrides, Subject, random_batch, relative_error
+from model.batch import Batch
+from model.layers import embedding_scale, sinusoidal_table
+from model.paper_params import PaperParams, check_shapes, load_paper_params, reference_for, storage, use_positions
+from model.protocol import Seq2SeqModel
+from model.transformer import Transformer, causal_mask, key_padding_allowed
+
+GROUP = "10 the paper as an oracle"
+NO_LAYOUT = "the model does not hand its weights over in the paper's layout (see docs/plugging-in.md)"
+NO_SUBLAYERS = "could not localise: the model does not expose its sub-layers (paper_sublayers, docs/plugging-in.md)"
+INPUT = "section 3.1: a sub-layer reads the previous one's output, LayerNorm(x + Sublayer(x))"
+WHERE = {  # the last part of a site's name -> the paper's equation or section
+    "embedded": "sections 3.4 and 3.5: the token embedding times sqrt(d_model) plus the positional encoding",
+    "self_attention.input": INPUT,
+    "cross_attention.input": INPUT,
+    "ffn.input": INPUT,
+    "self_attention": "eq. (1) and section 3.2.2: multi-head scaled dot-product attention",
+    "cross_attention.memory": "section 3.2.3: encoder-decoder attention takes keys and values from the encoder output",
+    "cross_attention": "eq. (1) and section 3.2.2: multi-head scaled dot-product attention over the memory",
+    "norm": "section 3.1: LayerNorm(x + Sublayer(x))",
+    "ffn": "eq. (2): FFN(x) = max(0, x W1 + b1) W2 + b2",
+    "encoder.output": "section 3.1: the encoder's output is its last layer's",
+    "decoder.output": "section 3.1: the decoder's last layer's output enters the pre-softmax linear",
+    "logits": "section 3.4: the pre-softmax linear, x times the embedding matrix transposed",
+}
+
+
+def where(site: str) -> str:
+    """The paper's equation or section for a site name of model.paper_params.sites."""
+    if site in WHERE:
+        return WHERE[site]
+    tail = site.split(".", 2)[-1]
+    return WHERE["norm"] if tail.startswith("norm_") else WHERE.get(tail, WHERE.get(site.split(".")[-1], "?"))
+
+
+@dataclass(frozen=True)
+class Oracle:
+    """The reference holding a model's weights, the positional table it adds in each stack, and what was noted."""
+
+    reference: Transformer
+    source_positions: Tensor | None
+    target_positions: Tensor | None
+    findings: tuple[str, ...]
+
+
+_REFERENCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its reference, refilled per case
+
+
+def positions(params: PaperParams, cfg) -> tuple[Tensor | None, Tensor | None, list[str]]:
+    """The tables the reference adds to source and target, and the findings about the model's positions."""
+    given = params.positions
+    if given.kind == "learned":
+        two = given.source is not None and given.target is not None and storage(given.source) != storage(given.target)
+        return (
+            given.source,
+            given.target,
+            [
+                "positions learned (Table 3 row E), not section 3.5's sinusoids"
+                + (", one table per stack" if two else "")
+            ],
+        )
+    if given.kind != "sinusoidal":
+        return None, None, ["no positional encoding (section 3.5 adds one)"]
+    exact = sinusoidal_table(cfg.max_len, cfg.d_model)
+    chosen, findings = [], []
+    for stack, table in (("source", given.source), ("target", given.target)):
+        if table is None:
+            chosen.append(exact)
+            continue
+        rows = min(table.size(0), exact.size(0))
+        off = (table[:rows].double().cpu() - exact[:rows]).abs().max().item()
+        if tol.PE_VALUES.violated(off):
+            findings.append(f"the {stack} positional table departs from section 3.5's sinusoids by {off:.3g}")
+        chosen.append(exact if tol.PE_VALUES.violated(off) else table)
+    return chosen[0], chosen[1], findings
+
+
+def oracle_for(model: Seq2SeqModel) -> Oracle:
+    """The reference at the model's config with the model's current weights (float64, eval mode)."""
+    params = model.paper_params()
+    cfg = model.config.replace(pe=params.positions.kind)
+    check_shapes(params, cfg)
+    source, target, findings = positions(params, cfg)
+    reference = _REFERENCES.get(model)
+    if reference is None or reference.config.share_embeddings != params.shared():
+        reference = _REFERENCES[model] = reference_for(params, cfg)
+    else:
+        load_paper_params(reference, params)
+    findings += [f"the model lacks the paper's {path}" for path in params.missing()]
+    if params.extras:
+        findings.append(f"parameters beyond the paper: {', '.join(params.extras)}")
+    return Oracle(reference, source, target, tuple(findings))
+
+
+def paper_encode(o: Oracle, src: Tensor, src_pad: Tensor) -> Tensor:
+    if o.source_positions is not None:
+        use_positions(o.reference, o.source_positions)
+    return o.reference.encode(src, src_pad)
+
+
+def paper_decode(o: Oracle, tgt: Tensor, memory: Tensor, src_pad: Tensor, tgt_pad: Tensor) -> Tensor:
+    if o.target_positions is not None:
+        use_positions(o.reference, o.target_positions)
+    return o.reference.decode(tgt, memory, src_pad, tgt_pad)
+
+
+def gap(got: Tensor, expected: Tensor, pad: Tensor) -> float:
+    """relative_error over the positions that are not padding (what a pad position holds is not the paper's)."""
+    keep = ~pad.to(got.device)
+    return relative_error(got[keep].double(), expected[keep].double())
+
+
+@dataclass(frozen=True)
+class Departure:
+    """A sub-layer whose output, from the model's own input, differs from the paper's."""
+
+    site: str
+    error: float
+    detail: str = ""  # what else is wrong with it (a shape)
+
+    def __str__(self) -> str:
+        return f"{self.site} ({where(self.site)}) by {self.error:.3g}{': ' + self.detail if self.detail else ''}"
+
+
+def localise(model: Seq2SeqModel, o: Oracle, b: Batch) -> list[Departure] | None:
+    """Each sub-layer of the paper fed the model's own input to it; None when the model exposes no sub-layers."""
+    record = getattr(model, "paper_sublayers", None)
+    if not callable(record):
+        return None
+    try:
+        seen = record(b.src, b.tgt, b.src_pad, b.tgt_pad)
+    except NotImplementedError:
+        return None
+    ref, departures = o.reference, []
+
+    def site(name: str, expected: Tensor, pad: Tensor) -> Tensor:
+        got = seen.get(name)
+        if got is None:  # not exposed: the paper's value goes on
+            return expected
+        if got.shape != expected.shape:  # e.g. keys and values read from the wrong stack: the paper's goes on
+            departures.append(
+                Departure(name, float("inf"), f"shape {tuple(got.shape)}, the paper's {tuple(expected.shape)}")
+            )
+            return expected
+        error = gap(got, expected, pad)
+        if tol.ORACLE.violated(error):
+            departures.append(Departure(name, error))
+        return got
+
+    scale = embedding_scale(ref.config.d_model)
+    src_allowed, cross_allowed = key_padding_allowed(b.src_pad), key_padding_allowed(b.src_pad)
+    T = b.tgt.size(1)
+    self_allowed = causal_mask(T, T, 0) & key_padding_allowed(b.tgt_pad)
+    if o.source_positions is not None:
+        use_positions(ref, o.source_positions)
+    x = site("encoder.embedded", ref.pe(ref.src_embed(b.src) * scale), b.src_pad)
+    for i, layer in enumerate(ref.encoder):
+        p = f"encoder.{i}."
+        q = site(p + "self_attention.input", x, b.src_pad)
+        x = site(
+            p + "norm_1",
+            layer.res_attn.norm(x + site(p + "self_attention", layer.self_attn(q, q, src_allowed), b.src_pad)),
+            b.src_pad,
+        )
+        f = site(p + "ffn", layer.ffn(site(p + "ffn.input", x, b.src_pad)), b.src_pad)
+        x = site(p + "norm_2", layer.res_ffn.norm(x + f), b.src_pad)
+    memory = site("encoder.output", x, b.src_pad)
+    if o.target_positions is not None:
+        use_positions(ref, o.target_positions)
+    y = site("decoder.embedded", ref.pe(ref.tgt_embed(b.tgt) * scale), b.tgt_pad)
+    for i, layer in enumerate(ref.decoder):
+        p = f"decoder.{i}."
+        q = site(p + "self_attention.input", y, b.tgt_pad)
+        y = site(
+            p + "norm_1",
+            layer.res_self.norm(y + site(p + "self_attention", layer.self_attn(q, q, self_allowed), b.tgt_pad)),
+            b.tgt_pad,
+        )
+        q = site(p + "cross_attention.input", y, b.tgt_pad)
+        m = site(p + "cross_attention.memory", memory, b.src_pad)
+        a = site(p + "cross_attention", layer.cross_attn(q, m, cross_allowed), b.tgt_pad)
+        y = site(p + "norm_2", layer.res_cross.norm(y + a), b.tgt_pad)
+        f = site(p + "ffn", layer.ffn(site(p + "ffn.input", y, b.tgt_pad)), b.tgt_pad)
+        y = site(p + "norm_3", layer.res_ffn.norm(y + f), b.tgt_pad)
+    y = site("decoder.output", y, b.tgt_pad)
+    site("logits", ref.generator(y), b.tgt_pad)
+    return departures
+
+
+def note(error: float, model: Seq2SeqModel, o: Oracle, b: Batch) -> str:
+    """The localisation (on a departure) and the findings about the model's parameters, for the report."""
+    parts = []
+    if tol.ORACLE.violated(error):
+        departures = localise(model, o, b)
+        if departures is None:
+            parts.append(NO_SUBLAYERS)
+        elif departures:
+            parts.append(f"first departs at {departures[0]}")
+            if len(departures) > 1:
+                parts.append("also at " + ", ".join(f"{d.site} ({d.error:.3g})" for d in departures[1:9]))
+        else:
+            parts.append("every sub-layer agrees with the paper's on its own input: the stacks' wiring differs")
+    return "; ".join([*parts, *o.findings])
+
+
+# -- the cases -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OracleCase:
+    """A batch on a config: padding 'none', 'right' or 'left' (ragged rows, row 0 full) on source and target."""
+
+    config: Overrides
+    batch: int
+    src_len: int
+    tgt_len: int
+    padding: str
+    seed: int
+
+    def make_batch(self, model: Seq2SeqModel) -> Batch:
+        b = random_batch(model.config, self.batch, self.src_len, self.tgt_len, self.padding != "none", self.seed)
+        if self.padding == "left":
+            return Batch(b.src.flip(1), b.tgt.flip(1), b.src_pad.flip(1), b.tgt_pad.flip(1))
+        return b
+
+
+@st.composite
+def oracle_cases(draw: st.DrawFn, padding: tuple[str, ...] = ("none", "right", "left")) -> OracleCase:
+    """Small configs whose max_len is drawn too, and lengths from 1 up to it: short ones, and the longest."""
+    max_len = draw(st.sampled_from([4, 16, 64]))
+    config = {**draw(small_configs()), "max_len": max_len}
+    length = st.one_of(st.integers(1, min(8, max_len)), st.integers(1, max_len), st.just(max_len))
+    return OracleCase(
+        config,
+        draw(st.integers(1, 3)),
+        draw(length),
+        draw(length),
+        draw(st.sampled_from(padding)),
+        draw(st.integers(0, 2**16)),
+    )
+
+
+PINNED = [OracleCase(OWN_CONFIG, 2, 6, 5, "right", 0)]  # the spec's own config (the 65M base model): short lengths
+
+
+def hands_over_weights(subject: Subject) -> str | None:
+    """Not applicable, with the reason, when the model has no paper_params (or it raises NotImplementedError)."""
+    model = subject.model(OWN_CONFIG)
+    if not callable(getattr(model, "paper_params", None)):
+        return NO_LAYOUT
+    try:
+        model.paper_params()
+    except NotImplementedError as exc:
+        return f"{NO_LAYOUT}: {exc}"
+    return None
+
+
+def prepared(subject: Subject, case: OracleCase) -> tuple[Seq2SeqModel, Oracle, Batch]:
+    model = subject.model(case.config).eval()
+    return model, oracle_for(model), case.make_batch(model)
+
+
+def oracle_property(needs: tuple[str, ...] = (), padding: tuple[str, ...] = ("none", "right", "left")):
+    return invariant(
+        GROUP,
+        tol.ORACLE,
+        pinned=lambda s: PINNED,
+        cases=lambda s: oracle_cases(padding),
+        needs=needs,
+        applicable=hands_over_weights,
+    )
+
+
+@oracle_property()
+def oracle_encoder(subject: Subject, case: OracleCase) -> tuple[float, str]:
+    """The encoder's output equals the paper's encoder holding the model's own weights (float64, eval; sections 3.1-3.5)."""
+    model, o, b = prepared(subject, case)
+    error = gap(model.encode(b.src, b.src_pad), paper_encode(o, b.src, b.src_pad), b.src_pad)
+    return error, note(error, model, o, b)
+
+
+@oracle_property()
+def oracle_decoder(subject: Subject, case: OracleCase) -> tuple[float, str]:
+    """Given the same memory, the decoder's logits equal the paper's decoder's holding the model's own weights (float64, eval)."""
+    model, o, b = prepared(subject, case)
+    memory = model.encode(b.src, b.src_pad)
+    got = model.decode(b.tgt, memory, b.src_pad, b.tgt_pad)
+    error = gap(got, paper_decode(o, b.tgt, memory, b.src_pad, b.tgt_pad), b.tgt_pad)
+    return error, note(error, model, o, b)
+
+
+@oracle_property()
+def oracle_logits(subject: Subject, case: OracleCase) -> tuple[float, str]:
+    """The whole forward pass's logits equal the paper's Transformer's holding the model's own weights (float64, eval)."""
+    model, o, b = prepared(subject, case)
+    expected = paper_decode(o, b.tgt, paper_encode(o, b.src, b.src_pad), b.src_pad, b.tgt_pad)
+    error = gap(model(b.src, b.tgt, b.src_pad, b.tgt_pad), expected, b.tgt_pad)
+    return error, note(error, model, o, b)
+
+
+@oracle_property(needs=("kv_cache",), padding=("none", "right"))
+def oracle_cached_decoding(subject: Subject, case: OracleCase) -> tuple[float, str]:
+    """Decoding with the KV cache in random chunks gives the paper's decoder's logits (float64, eval; target unpadded)."""
+    model, o, b = prepared(subject, case)
+    b = Batch(b.src, b.tgt, b.src_pad, torch.zeros_like(b.tgt_pad))  # the cache assumes right padding: full rows
+    memory = model.encode(b.src, b.src_pad)
+    cache, steps, t = model.new_cache(), [], 0
+    gen = torch.Generator().manual_seed(case.seed)
+    while t < case.tgt_len:
+        n = int(torch.randint(1, case.tgt_len - t + 1, (1,), generator=gen))
+        steps.append(model.decode(b.tgt[:, t : t + n], memory, b.src_pad, b.tgt_pad[:, t : t + n], cache))
+        t += n
+    expected = paper_decode(o, b.tgt, memory, b.src_pad, b.tgt_pad)
+    error = gap(torch.cat(steps, dim=1), expected, b.tgt_pad)
+    return error, note(error, model, o, b)
