@@ -23,7 +23,7 @@ def mfu_note(meta: dict) -> str:
         )
     if meta["peak_bf16_flops"] is None:
         on = "a CPU has no bf16 dense peak to hold it to" if meta["device"].startswith("cpu") else "the card is unknown"
-        return f"MFU not reported: {on} (ablations/grid/runner.py's PEAK_BF16_FLOPS lists the cards)."
+        return f"MFU not reported: {on} (ablations/training/peaks.py lists the cards)."
     return (
         f"MFU: model FLOPs (6 per weight per real token, model.params.training_flops) over the card's bf16 dense peak, "
         f"{meta['peak_bf16_flops'] / 1e12:.0f} TFLOP/s."
