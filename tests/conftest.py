@@ -69,9 +69,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     serial = {module[item] for item in items if item.get_closest_marker(SERIAL)}
     for item in items:
         if item.get_closest_marker(SERIAL) or (module[item] in serial and shares_a_module_fixture(item)):
-            item.add_marker(getattr(pytest.mark, GROUP)(SERIAL))
+            item.add_marker(pytest.mark.xdist_group(SERIAL))
         elif shares_a_module_fixture(item):
-            item.add_marker(getattr(pytest.mark, GROUP)(module[item]))
+            item.add_marker(pytest.mark.xdist_group(module[item]))
     result = yield
     for item in items:
         name_group_in_id(item)

@@ -204,6 +204,7 @@ def test_a_run_folders_file_is_named_in_one_place(name):
     assert [m for m in MODULES if spelled(m, name)] == ["ablations.runs.folder"]
 
 
+@pytest.mark.slow
 def test_a_module_run_by_its_old_path_names_its_new_one():
     import ablations
 
