@@ -67,6 +67,8 @@ def children() -> list[str]:
     return [pid for f in glob.glob(f"/proc/{os.getpid()}/task/*/children") for pid in open(f).read().split()]
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 @needs_data
 def test_the_time_limit_counts_from_when_the_data_is_ready(tmp_path, prepared, monkeypatch):
     def slow_load(folder, name):
@@ -137,6 +139,8 @@ def test_a_compile_the_time_left_cannot_hold_is_skipped_not_started():
     assert entries[0].status.startswith("not measured: no room for its compile (30 s left, 65 s needed)")
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.filterwarnings(COMPILE_WARNING)
 def test_a_compiled_entry_compiles_once_for_every_batch_shape():
     entries, _, _ = build_entries(CFG, ("torch-nn",), ("compiled",), "default", (), CPU, None, "eager")
@@ -146,6 +150,7 @@ def test_a_compiled_entry_compiles_once_for_every_batch_shape():
     assert row["status"] == MEASURED and row["timed_steps"] == 1 and row["timed_compiling_steps"] == 0
 
 
+@pytest.mark.serial
 def test_a_timed_step_still_running_at_the_time_limit_is_cut_and_the_steps_before_it_stand():
     naps = iter([0.0, 0.0, 30.0])
     entry = Entry("reference", "eager", "default", CFG, {"encoder": 1, "decoder": 1, "total": 2}, lambda b: None)
@@ -156,6 +161,7 @@ def test_a_timed_step_still_running_at_the_time_limit_is_cut_and_the_steps_befor
     assert entry.status == MEASURED and len(entry.times) == 2
 
 
+@pytest.mark.serial
 @needs_data
 def test_sigterm_writes_what_was_measured_before_the_process_exits(tmp_path, prepared, monkeypatch, capsys):
     def terminated(*args):
@@ -170,6 +176,8 @@ def test_sigterm_writes_what_was_measured_before_the_process_exits(tmp_path, pre
     assert "the report holds what was measured before the stop" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 @needs_data
 @pytest.mark.filterwarnings(COMPILE_WARNING)
 def test_a_compile_abandoned_at_the_time_limit_leaves_the_eager_rows_and_no_compile_workers(tmp_path, prepared):

@@ -36,6 +36,7 @@ def part(name: str, code: str, limit: int, **kw) -> Part:
     return Part(name, kw.pop("what", name), (Stage(name, (PY, "-c", code)),), limit, **kw)
 
 
+@pytest.mark.slow
 def test_every_part_is_reported_and_a_failing_or_hanging_part_stops_no_other(tmp_path):
     parts = [
         part("bench", "import sys; print('boom'); sys.exit(3)", 30, what="fails"),
@@ -65,6 +66,7 @@ def test_every_part_is_reported_and_a_failing_or_hanging_part_stops_no_other(tmp
     assert (o.out / "logs" / "bench.log").read_text().endswith("sys.exit(3)'\nboom\n")
 
 
+@pytest.mark.slow
 def test_a_stage_that_would_start_without_its_minimum_time_is_not_started_and_said_so(tmp_path):
     stages = (Stage("first", (PY, "-c", "import time; time.sleep(2)")), Stage("second", (PY, "-c", "pass"), min_s=60))
     o = options(tmp_path)
@@ -73,6 +75,8 @@ def test_a_stage_that_would_start_without_its_minimum_time_is_not_started_and_sa
     assert outcome.result == "passed (not every stage started)"
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 def test_a_process_a_part_left_running_in_a_session_of_its_own_is_stopped_with_the_part(tmp_path):
     pidfile = tmp_path / "stray.pid"
     stray = f"import os, subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True); open({str(pidfile)!r}, 'w').write(str(p.pid))"
@@ -90,6 +94,8 @@ def test_a_process_a_part_left_running_in_a_session_of_its_own_is_stopped_with_t
     assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1][:3]
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 def test_the_tests_part_stopped_at_its_limit_still_names_the_tests_that_failed_before(tmp_path):
     (tmp_path / "test_some.py").write_text(
         "import time\n\ndef test_breaks():\n    assert False\n\ndef test_hangs():\n    time.sleep(60)\n"

@@ -77,6 +77,7 @@ def test_a_pause_between_steps_is_counted_in_no_step():
     assert (laps.steady_tokens, laps.compiles) == (10, 1)
 
 
+@pytest.mark.slow
 def test_evaluation_and_checkpoints_are_outside_every_step_time(tmp_path, monkeypatch):
     saves, evaluations = slowed(monkeypatch, "save_checkpoint"), slowed(monkeypatch, "perplexity")
     started = time.perf_counter()
