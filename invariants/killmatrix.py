@@ -7,6 +7,7 @@ stopped (pass fresh=True to recompute); the matrix is assembled from those repor
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,18 @@ def run_mutants(
     return docs
 
 
+ORACLE = "oracle_"  # the properties that run the paper's equations on the model's own weights (invariants/oracle.py)
+
+
+def localised(doc: dict[str, Any]) -> str | None:
+    """Where the paper-as-oracle properties say a mutant first departs from the paper's equations ('' where they
+    fail without naming a sub-layer); None where they all pass: the mutant leaves the eval-mode function as it is."""
+    failed = [p for p in doc["properties"] if p["name"].startswith(ORACLE) and p["verdict"] == FAIL]
+    found = (re.search(r"first departs at ([\w.]+)", p.get("reason") or "") for p in failed)
+    sites = [m.group(1) for m in found if m]
+    return sites[0] if sites else ("" if failed else None)
+
+
 def matrix(docs: list[dict[str, Any]], command: str, overrides: Overrides = OWN_CONFIG) -> dict[str, Any]:
     names = [doc["model"].split(":", 1)[1].split(",")[0] for doc in docs]
     verdicts = {name: {p["name"]: p["verdict"] for p in doc["properties"]} for name, doc in zip(names, docs)}
@@ -75,6 +88,7 @@ def matrix(docs: list[dict[str, Any]], command: str, overrides: Overrides = OWN_
         "verdicts": verdicts,
         "caught": {name: any(v == FAIL for v in verdicts[name].values()) for name in names},
         "known_bug": {name: MUTANTS[name].known_bug for name in names},
+        "localised": {name: localised(doc) for name, doc in zip(names, docs)},
         "specs": {name: doc["model"] for name, doc in zip(names, docs)},
         "config": format_config_overrides(overrides),
         "command": command,
@@ -89,9 +103,12 @@ def markdown(kill: dict[str, Any]) -> str:
             f"`{m}`" + ("" if kill["known_bug"][m] else " *"),
             *(CELL[kill["verdicts"][m][p]] for p in props),
             "yes" if kill["caught"][m] else "**NO**",
+            oracle_cell(kill.get("localised", {}).get(m, "-")),
         ]
         for m in kill["mutants"]
     ]
+    sites = kill.get("localised", {})
+    changed = [m for m in kill["mutants"] if sites.get(m) is not None]
     where = f"config {kill['config']}" if kill.get("config") else "the base config (the paper's 65M model)"
     killed_by = {p: sum(kill["verdicts"][m][p] == FAIL for m in kill["mutants"]) for p in props}
     lines = [
@@ -102,9 +119,20 @@ def markdown(kill: dict[str, Any]) -> str:
         f"(an error, which catches nothing). * = beyond the {sum(kill['known_bug'].values())} bugs known from real code: near misses of each "
         "property, so that every property is seen to fail on a plausible bug.",
         "",
+        f"The paper as an oracle (the `{ORACLE}*` properties: the paper's equations on the mutant's own weights, eval "
+        f"mode) fail on {len(changed)} mutants and name the first sub-layer that departs for "
+        f"{sum(bool(sites[m]) for m in changed)} of them (last column); on the other "
+        f"{len(kill['mutants']) - len(changed)} they pass (.): their eval-mode function is the paper's, and they "
+        "change training, dropout, the loss or how weights are shared, which the other properties judge.",
+        "",
         f"Regenerate: `{kill['command']}` (commit {kill['commit']}).",
         "",
-        tabulate(rows, ["mutant", *range(1, len(props) + 1), "caught"], tablefmt="github", disable_numparse=True),
+        tabulate(
+            rows,
+            ["mutant", *range(1, len(props) + 1), "caught", "oracle: first departs at"],
+            tablefmt="github",
+            disable_numparse=True,
+        ),
         "",
         "Columns:",
         "",
@@ -116,6 +144,10 @@ def markdown(kill: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def oracle_cell(site: str | None) -> str:
+    return "." if site is None else f"`{site}`" if site else "caught, not localised"
 
 
 def write(kill: dict[str, Any], out: Path) -> tuple[Path, Path]:
