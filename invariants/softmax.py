@@ -64,6 +64,47 @@ def misshapen(records: list, batch: Batch) -> str:
     return f"captured probabilities of the wrong shape: {'; '.join(wrong[:2])}{' ...' if len(wrong) > 2 else ''}"
 
 
+KINDS = {
+    "encoder_self": "encoder self-attention",
+    "decoder_self": "decoder self-attention",
+    "cross": "encoder-decoder attention",
+}
+# What a row with nothing to attend to in a one-position sequence breaks besides the softmax properties.
+CONSEQUENCES = "dropout_sites, whose one-position sequences then get no sub-layer output from that attention"
+
+
+def place(record, b: int, head: int, query: int) -> str:
+    """Where a captured row is, in words: the attention kind, layer, head, query position and batch row."""
+    kind = KINDS.get(record.kind, record.kind)
+    return f"{kind}, layer {record.layer}, head {head}, query position {query} (batch row {b})"
+
+
+def worst_row(per_row: Tensor) -> tuple[float, tuple[int, int, int]]:
+    """The largest entry of a (B, h, T_q) error and its (batch row, head, query position)."""
+    flat = int(per_row.flatten().argmax())
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), per_row.shape))
+    return per_row.flatten()[flat].item(), index
+
+
+def dead_row_hint(record, b: int, query: int, visible: int) -> str:
+    """Why a row that sums to 0 matters: it sees no key though the paper leaves it `visible`, and what else that breaks."""
+    mask = (
+        " (its own position among them: does the causal mask hide the diagonal, keys < i instead of keys <= i?)"
+        if record.kind == "decoder_self"
+        else ""
+    )
+    return (
+        f"the row is all zeros: the model lets this query see no key, though the paper's masks leave it {visible}{mask}; "
+        f"other properties that fail as a consequence: {CONSEQUENCES}"
+    )
+
+
+def describe_scaled(case_scale: tuple[Case, float]) -> str:
+    """softmax_rows' case in words: the batch, and the factor on the decoder's input embeddings."""
+    case, scale = case_scale
+    return f"{case!r} with the decoder's input embeddings times {scale:g}"
+
+
 def captured(model: Seq2SeqModel, batch: Batch, case: Case, scale: float = 1.0) -> list:
     """Attention records of one forward pass; the decoder input embeddings are multiplied by scale."""
     model.train(case.train)
@@ -81,6 +122,7 @@ def captured(model: Seq2SeqModel, batch: Batch, case: Case, scale: float = 1.0) 
     pinned=lambda s: list(zip(pinned_cases(s, train=(False,), capture=(True,)), (1.0, EXTREME))),
     cases=lambda s: st.tuples(batch_cases(s, train=False, capture=True), st.sampled_from([1.0, EXTREME])),
     needs=("attention_probs", "target_embeddings"),
+    describe=describe_scaled,
 )
 def softmax_rows(subject: Subject, case_scale: tuple[Case, float]) -> float | tuple[float, str]:
     """Every captured row of a non-pad query with a visible key sums to 1, entries in [0, 1], finite, also at extreme inputs (float32, eval) (paper, section 3.2.1).
@@ -94,16 +136,24 @@ def softmax_rows(subject: Subject, case_scale: tuple[Case, float]) -> float | tu
     wrong = misshapen(records, batch)
     if wrong:
         return float("inf"), wrong
-    worst = 0.0
+    worst, where = 0.0, ""
     for record in records:
         p = record.probs.double()
-        judged = (allowed_keys(record.kind, batch).any(-1, keepdim=True) & query_rows(record.kind, batch)).expand_as(p)
+        allowed = allowed_keys(record.kind, batch)
+        judged = (allowed.any(-1, keepdim=True) & query_rows(record.kind, batch)).expand_as(p)
         rows = p.masked_fill(~judged, 0.0)
         if not torch.isfinite(rows).all():
-            return float("inf")
-        sums = (rows.sum(-1) - 1)[judged[..., 0]]
-        worst = max(worst, sums.abs().max().item() if sums.numel() else 0.0, -rows.min().item(), rows.max().item() - 1)
-    return worst
+            b, head, query = (~torch.isfinite(rows).all(-1)).nonzero()[0].tolist()
+            return float("inf"), f"a non-finite probability in {place(record, b, head, query)}"
+        sums = rows.sum(-1)
+        per_row = torch.maximum((sums - 1).abs() * judged[..., 0], torch.maximum(-rows.amin(-1), rows.amax(-1) - 1))
+        error, (b, head, query) = worst_row(per_row)
+        if error > worst:
+            worst = error
+            where = f"worst row: {place(record, b, head, query)}, which sums to {sums[b, head, query].item():.6g}"
+            if abs(sums[b, head, query].item()) < 1e-6:
+                where += "; " + dead_row_hint(record, b, query, int(allowed[b, 0, query].sum()))
+    return (worst, where) if tol.ROW_SUM[torch.float32].violated(worst) else worst
 
 
 @invariant(
@@ -123,13 +173,17 @@ def padding_probs_zero(subject: Subject, case: Case) -> float | tuple[float, str
     wrong = misshapen(records, batch)
     if wrong:
         return float("inf"), wrong
-    worst = 0.0
+    worst, where = 0.0, ""
     for record in records:
         pad_keys = (batch.tgt_pad if record.kind == "decoder_self" else batch.src_pad)[:, None, None, :]
         judged = pad_keys & query_rows(record.kind, batch) & allowed_keys(record.kind, batch).any(-1, keepdim=True)
-        masked = record.probs.masked_fill(~judged, 0.0)
-        worst = max(worst, masked.abs().max().item() if torch.isfinite(masked).all() else float("inf"))
-    return worst
+        masked = record.probs.masked_fill(~judged, 0.0).double()
+        per_row = masked.abs().nan_to_num(float("inf"), float("inf"), float("inf")).amax(-1)
+        error, (b, head, query) = worst_row(per_row) if per_row.numel() else (0.0, (0, 0, 0))
+        if error > worst:
+            key = int(masked[b, head, query].abs().nan_to_num(float("inf")).argmax())
+            worst, where = error, f"worst: {place(record, b, head, query)} puts {error:.3g} on padded key {key}"
+    return (worst, where) if worst > 0 else worst
 
 
 FULLY_PADDED = ("source", "target", "both")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import time
+
 import hypothesis
 from tqdm import tqdm
 
@@ -68,6 +71,7 @@ PROPERTIES: list[Property] = [
     oracle.oracle_cached_decoding,
 ]
 BY_NAME = {p.name: p for p in PROPERTIES}
+LINE_EVERY_S = 5.0  # off a terminal, a progress line at most this often instead of a bar
 # Names that older reports and replay lines give, and what became of them.
 RETIRED = {
     "dropout_every_sublayer": "renamed dropout_sites (dropout at the sites of section 5.4, and none elsewhere)",
@@ -114,10 +118,20 @@ def run_suite(
     property gets `timeout` seconds (None: no limit)."""
     subject = model if isinstance(model, Subject) else Subject(model, device)
     results: list[Result] = []
-    bar = tqdm(properties or PROPERTIES, desc=subject.name, unit="property", disable=not progress, leave=False)
+    chosen = properties or PROPERTIES
+    on_terminal = progress and sys.stderr.isatty()
+    bar = tqdm(chosen, desc=subject.name, unit="property", disable=not on_terminal, leave=False)
+    start = last = time.monotonic()
     try:
-        for prop in bar:
+        for i, prop in enumerate(bar):
             bar.set_postfix_str(prop.name)
+            if progress and not on_terminal and time.monotonic() - last >= LINE_EVERY_S:  # a log: a line, not a bar
+                last = time.monotonic()
+                print(
+                    f"{subject.name}: {i} of {len(chosen)} properties in {last - start:.0f} s; now {prop.name}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             results.append(prop(subject, settings=settings, seed=seed, replay=replay, profile=profile, timeout=timeout))
     except KeyboardInterrupt:
         raise Interrupted(results) from None

@@ -19,6 +19,7 @@ from torch import nn
 from invariants import run_suite
 from invariants.engine import PASS
 from model.attention import AttentionRecord, KVCache
+from model.paper_params import DecoderLayer, EncoderLayer, FeedForward, PaperParams, Positions, layer_norm, multi_head
 
 # A spec like any user's: the class is the factory, the spec's own config is small (CI), drawn configs are smaller.
 SPEC = "tests.invariants.test_independent:Independent,N=2,d_model=32,h=4,d_k=8,d_v=8,d_ff=64,vocab_size=60"
@@ -149,6 +150,36 @@ class Independent(nn.Module):
 
     def embedding_weights(self):
         return {"source": self.src_tokens, "target": self.tgt_tokens, "generator": self.out_tokens}
+
+    def paper_params(self):
+        """Its weights in the paper's layout (model/paper_params.py), from their own names: q, k, v, o per attention,
+        ff1 and ff2 (eq. 2), a LayerNorm after each sub-layer."""
+        h = self.config.h
+
+        def mha(a):
+            return multi_head(
+                a.q.weight, a.k.weight, a.v.weight, a.o.weight, h, (a.q.bias, a.k.bias, a.v.bias, a.o.bias)
+            )
+
+        def ffn(blk):
+            return FeedForward(blk["ff1"].weight.T, blk["ff1"].bias, blk["ff2"].weight.T, blk["ff2"].bias)
+
+        norm = (
+            [[layer_norm(n) for n in blk["norms"]] for blk in self.enc],
+            [[layer_norm(n) for n in blk["norms"]] for blk in self.dec],
+        )
+        table = None if self.config.pe == "none" else self.positional_table(self.config.max_len)
+        return PaperParams(
+            self.src_tokens,
+            self.tgt_tokens,
+            self.out_tokens,
+            Positions(self.config.pe, table, table),
+            tuple(EncoderLayer(mha(b["encoder_self"]), n[0], ffn(b), n[1]) for b, n in zip(self.enc, norm[0])),
+            tuple(
+                DecoderLayer(mha(b["decoder_self"]), n[0], mha(b["cross"]), n[1], ffn(b), n[2])
+                for b, n in zip(self.dec, norm[1])
+            ),
+        )
 
     def parameter_groups(self):
         embeddings = list({id(p): p for p in (self.src_tokens, self.tgt_tokens, self.out_tokens)}.values())
