@@ -13,7 +13,16 @@ from ablations.scoring.decoding import beam_search
 from model import Parts, Transformer, TransformerConfig, kernels
 from model.attention import attend, attend_with_torch_ops, explicit_attention
 
-needs_kernel = pytest.mark.skipif(kernels.compiled() is None, reason="the kernel cannot be built here (see stderr)")
+
+@pytest.fixture
+def built_kernel():
+    """The kernels, built by the first test that needs them (not at collection: a run that selects none of these
+    tests, such as the GPU check's `-m cuda`, builds nothing); a test without them is skipped."""
+    if kernels.compiled() is None:
+        pytest.skip("the kernel cannot be built here (see stderr)")
+
+
+needs_kernel = pytest.mark.usefixtures("built_kernel")
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}  # outputs are O(1) averages of O(1) values
 
 
