@@ -31,6 +31,7 @@ from model.batch import Batch
 from model.layers import embedding_scale, sinusoidal_table
 from model.paper_params import PaperParams, check_shapes, load_paper_params, reference_for, storage, use_positions
 from model.protocol import Seq2SeqModel
+from model.table3 import table3_rows
 from model.transformer import Transformer, causal_mask, key_padding_allowed
 
 GROUP = "10 the paper as an oracle"
@@ -246,6 +247,7 @@ class OracleCase:
     tgt_len: int
     padding: str
     seed: int
+    row: str = ""  # the Table 3 row whose config this is, scaled down ('' : a drawn or the spec's own config)
 
     def make_batch(self, model: Seq2SeqModel) -> Batch:
         b = random_batch(model.config, self.batch, self.src_len, self.tgt_len, self.padding != "none", self.seed)
@@ -271,6 +273,33 @@ def oracle_cases(draw: st.DrawFn, padding: tuple[str, ...] = ("none", "right", "
 
 
 PINNED = [OracleCase(OWN_CONFIG, 2, 6, 5, "right", 0)]  # the spec's own config (the 65M base model): short lengths
+TABLE3_SCALE = 16  # each Table 3 row's d_model, d_ff, d_k, d_v over this (base: d_model 32, h 8, d_k 4): ratios kept
+
+
+def table3_configs() -> list[tuple[str, Overrides]]:
+    """Every Table 3 row's config at 1/TABLE3_SCALE of its sizes: the same h, N and PE, h d_k against d_model (rows B
+    break h d_k = d_model), d_ff against d_model; P_drop and eps_ls as the row has them, since a model is built for
+    the row it trains, and may build differently for them."""
+    configs = []
+    for row in table3_rows():
+        cfg = row.config()
+        sizes = {k: getattr(cfg, k) // TABLE3_SCALE for k in ("d_model", "d_ff", "d_k", "d_v")}
+        same = {k: getattr(cfg, k) for k in ("N", "h", "P_drop", "eps_ls", "pe")}
+        configs.append((row.name, {**same, **sizes, "vocab_size": 50, "max_len": 16}))
+    return configs
+
+
+def table3_cases(subject: Subject) -> list[OracleCase]:
+    """One short padded batch at each Table 3 row's config that the model accepts: a row whose config it refuses
+    (ValueError, NotImplementedError: torch.nn.Transformer cannot build h d_k != d_model) it cannot be trained at."""
+    cases = []
+    for name, config in table3_configs():
+        try:
+            subject.model(config)
+        except (ValueError, NotImplementedError):
+            continue
+        cases.append(OracleCase(config, 2, 6, 5, "right", 0, name))
+    return cases
 
 
 def hands_over_weights(subject: Subject) -> str | None:
@@ -294,7 +323,7 @@ def oracle_property(needs: tuple[str, ...] = (), padding: tuple[str, ...] = ("no
     return invariant(
         GROUP,
         tol.ORACLE,
-        pinned=lambda s: PINNED,
+        pinned=lambda s: PINNED + table3_cases(s),
         cases=lambda s: oracle_cases(padding),
         needs=needs,
         applicable=hands_over_weights,

@@ -8,6 +8,7 @@ import torch
 
 from invariants.engine import ERROR, FAIL, NOT_APPLICABLE, PASS
 from invariants.oracle import (
+    table3_cases,
     NO_LAYOUT,
     NO_SUBLAYERS,
     OracleCase,
@@ -19,6 +20,7 @@ from invariants.oracle import (
     prepared,
 )
 from invariants.subject import Subject
+from model.table3 import table3_rows
 from model.paper_params import export_paper_params, leaves, reference_for, sites
 from model.registry import load_model
 from model.transformer import Transformer
@@ -139,3 +141,12 @@ def test_marian_departs_only_at_its_concatenated_sinusoids_and_bart_only_at_its_
     assert bart.verdict == FAIL and "layernorm_embedding" in bart.reason and "row E" in bart.reason
     marian = oracle_decoder(Subject(f"hf-marian,{TINY}"), settings=few(1))
     assert marian.verdict == FAIL and "departs from section 3.5's sinusoids" in marian.reason
+
+
+def test_the_oracle_checks_each_table3_row_the_model_can_be_built_at_and_skips_those_it_refuses():
+    reference = table3_cases(Subject("reference"))
+    torch_nn = table3_cases(Subject("torch-nn"))
+    assert [c.row for c in reference] == [row.name for row in table3_rows()]  # all 20, learned PE (E1) included
+    assert {"B1", "B2"}.isdisjoint(c.row for c in torch_nn) and len(torch_nn) == 18  # h d_k != d_model: refused
+    b1 = next(c for c in reference if c.row == "B1")
+    assert b1.config["h"] * b1.config["d_k"] != b1.config["d_model"]  # row B's ratio kept at 1/16 of its sizes
