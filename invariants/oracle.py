@@ -28,8 +28,9 @@ from invariants.cases import small_configs
 from invariants.engine import invariant
 from invariants.subject import OWN_CONFIG, Overrides, Subject, random_batch, relative_error
 from model.batch import Batch
+from model.config import TransformerConfig
 from model.layers import embedding_scale, sinusoidal_table
-from model.paper_params import PaperParams, check_shapes, load_paper_params, reference_for, storage, use_positions
+from model.paper_params import PaperParams, check_shapes, load_paper_params, storage, use_positions
 from model.protocol import Seq2SeqModel
 from model.table3 import table3_rows
 from model.transformer import Transformer, causal_mask, key_padding_allowed
@@ -52,6 +53,19 @@ WHERE = {  # the last part of a site's name -> the paper's equation or section
     "decoder.output": "section 3.1: the decoder's last layer's output enters the pre-softmax linear",
     "logits": "section 3.4: the pre-softmax linear, x times the embedding matrix transposed",
 }
+
+
+def reference_for(params: PaperParams, cfg: TransformerConfig, dtype: torch.dtype = torch.float64) -> Transformer:
+    """A reference Transformer at cfg holding params: built on the meta device and filled, so that no random
+    initialisation is spent on weights that are overwritten (seconds at the base size)."""
+    cfg = cfg.replace(share_embeddings=params.shared(), P_drop=0.0)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model = model.to_empty(device=params.pre_softmax.device).to(dtype).eval()
+    if cfg.pe == "sinusoidal":  # the reference's own table, as it builds it (float32); the oracle may replace it
+        model.pe.fixed = sinusoidal_table(cfg.max_len, cfg.d_model).float().to(dtype)
+    load_paper_params(model, params)
+    return model
 
 
 def where(site: str) -> str:

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Iterator, Mapping
+from typing import Iterator, Mapping
 
 import torch
 from torch import Tensor, nn
 
 from model.config import TransformerConfig
-
-if TYPE_CHECKING:
-    from model.transformer import Transformer
 
 
 @dataclass(frozen=True)
@@ -189,7 +186,7 @@ def extras(model: nn.Module, params: PaperParams) -> dict[str, Tensor]:
 # -- the reference ------------------------------------------------------------------------------------------------
 
 
-def export_paper_params(model: Transformer) -> PaperParams:
+def export_paper_params(model: nn.Module) -> PaperParams:
     """The reference's weights (or a mutant's: the same modules) in the paper's layout."""
     cfg = model.config
     mha = lambda m: multi_head(  # noqa: E731
@@ -248,7 +245,7 @@ def _ffn(f: nn.Module, given: FeedForward) -> None:
 
 
 @torch.no_grad()
-def load_paper_params(model: Transformer, params: PaperParams, positions: Tensor | None = None) -> None:
+def load_paper_params(model: nn.Module, params: PaperParams, positions: Tensor | None = None) -> None:
     """Copy params into the reference (built at the model's config, embeddings untied where the model's are not);
     what the model lacks is loaded as the neutral value (a bias of 0, a gain of 1). `positions` replaces the table the
     reference adds (the oracle's choice, see invariants/oracle.py); extras are not loaded: the paper has no place for them."""
@@ -274,27 +271,11 @@ def load_paper_params(model: Transformer, params: PaperParams, positions: Tensor
 
 
 @torch.no_grad()
-def use_positions(model: Transformer, table: Tensor) -> None:
+def use_positions(model: nn.Module, table: Tensor) -> None:
     """Make the reference add `table` (its first rows; a shorter table leaves the rest of the reference's as it was)."""
     own = model.pe.fixed if model.pe.kind == "sinusoidal" else model.pe.learned.weight
     rows = min(own.size(0), table.size(0))
     own[:rows].copy_(table[:rows])
-
-
-def reference_for(params: PaperParams, cfg: TransformerConfig, dtype: torch.dtype = torch.float64) -> Transformer:
-    """A reference Transformer at cfg holding params: built on the meta device and filled, so that no random
-    initialisation is spent on weights that are overwritten (seconds at the base size)."""
-    from model.layers import sinusoidal_table
-    from model.transformer import Transformer
-
-    cfg = cfg.replace(share_embeddings=params.shared(), P_drop=0.0)
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    model = model.to_empty(device=params.pre_softmax.device).to(dtype).eval()
-    if cfg.pe == "sinusoidal":  # the reference's own table, as it builds it (float32); the oracle may replace it
-        model.pe.fixed = sinusoidal_table(cfg.max_len, cfg.d_model).float().to(dtype)
-    load_paper_params(model, params)
-    return model
 
 
 # -- sub-layer outputs, for localisation -------------------------------------------------------------------------
@@ -350,7 +331,7 @@ def sublayer_recorder(hooks: Mapping[str, tuple[nn.Module, str]]) -> Iterator[di
         yield recorded
 
 
-def reference_sublayers(model: Transformer, src: Tensor, tgt: Tensor, src_pad: Tensor, tgt_pad: Tensor) -> dict:
+def reference_sublayers(model: nn.Module, src: Tensor, tgt: Tensor, src_pad: Tensor, tgt_pad: Tensor) -> dict:
     """The reference's sub-layer outputs at `sites`, recorded with forward hooks during one forward pass."""
     hooks: dict[str, tuple[nn.Module, str]] = {"encoder.embedded": (model.encoder[0], "input")}
     for stack, layers in (("encoder", model.encoder), ("decoder", model.decoder)):

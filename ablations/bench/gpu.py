@@ -8,7 +8,7 @@ as p50/p99/max with warm-up and compiling apart, and MFU against the card's bf16
 tiny` runs the same code in seconds (fp32, no MFU: there is no bf16 peak to hold a CPU to). Writes
 reports/bench-gpu.md and reports/bench-gpu.json, from the start and at every stage (ablations/bench/gpu_report.py's
 Progress); docs/benchmark.md ("On a GPU") says what is measured. `--prepared DIR` loads the data that
-ablations/data/prepared.py saved there (the GPU check's --prepare), so that no BPE is trained on the GPU's clock.
+ablations/grid/prepared.py saved there (the GPU check's --prepare), so that no BPE is trained on the GPU's clock.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from ablations.bench.report import machine, output_path, shown_args
 from ablations.bench.shapes import stream_shapes
 from ablations.data.batching import BatchStream
 from ablations.data.corpora import data_dir
-from ablations.data.prepared import load_prepared, save_prepared
+from ablations.grid.prepared import load_prepared, save_prepared
 from ablations.grid.runner import PreparedData, describe_device, peak_flops, prepare_data
 from ablations.runs.budgets import budget, row_config, select_rows
 from ablations.runs.options import FORESEEN, OneLineParser, check_counts, failed, resolve_device
@@ -78,7 +78,7 @@ class BenchOptions:
     compile_estimate: float  # seconds a compile is taken to need until one is measured
     data: Path
     runs: Path
-    prepared: Path | None  # where ablations/data/prepared.py saved the data (None: read and encode it here)
+    prepared: Path | None  # where ablations/grid/prepared.py saved the data (None: read and encode it here)
     out: Path
     args: str
 

@@ -6,7 +6,7 @@ training a tokenizer:
     gpu-data/PREPARED.json   what it holds: the commit and date it was made at, the source, each budget's BPE
     gpu-data/data/           the data folder's corpora (the runner reads them; the tests part's data tests too)
     gpu-data/cache/          the runner's cache for the check's budgets: their BPE models
-    gpu-data/prepared/       each budget's encoded training and dev sets (ablations/data/prepared.py), for the bench
+    gpu-data/prepared/       each budget's encoded training and dev sets (ablations/grid/prepared.py), for the bench
 
 On the GPU, `--data gpu-data` finds the corpora in data/, seeds every part's runs folder with cache/ and hands the
 bench prepared/.
@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ablations.data.prepared import save_prepared
+from ablations.grid.prepared import save_prepared
 from ablations.grid.runner import prepare_data
 from ablations.runs.budgets import budget
 from model.files import write_atomic

@@ -17,7 +17,6 @@ import torch
 
 from ablations.data.corpora import ENV_VAR, PRESETS, DataError, data_dir
 from ablations.runs.budgets import BUDGETS, INIT_RULES, SDPA_BACKENDS, Budget, budget, row_config, select_rows
-from ablations.training.distributed import from_environment
 from model import SpecError, count_parameters, files, load_model
 from model.config import field_names
 from model.files import StorageError
@@ -211,8 +210,6 @@ def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
     if device.type == "cpu" and (args.compile or args.sdpa_backend not in (None, "default")):
         flag = "--compile" if args.compile else f"--sdpa-backend {args.sdpa_backend}"
         raise ValueError(f"{flag}: used on a GPU only (the CPU runs eager, in fp32); leave it out with --device cpu")
-    if args.ddp:
-        from_environment(force=True)  # torchrun's environment is there
     spec, preset = parse_spec(args.model), args.preset or b.preset
     check_model(spec, b, preset)  # a bad model is named whether or not the data folder is there
     data, runs = data_dir(args.data), Path(args.runs)

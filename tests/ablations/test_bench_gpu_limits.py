@@ -24,7 +24,7 @@ from ablations.bench.gpu_timing import (
     training_rows,
 )
 from ablations.data.batching import make_batch
-from ablations.data.prepared import load_prepared, save_prepared
+from ablations.grid.prepared import load_prepared, save_prepared
 from ablations.grid.runner import prepare_data
 from ablations.runs.budgets import budget
 from ablations.training.compiling import compiles

@@ -1,4 +1,4 @@
-"""Prepared data (ablations/data/prepared.py): a budget's encoded data saved once and loaded whole without a corpus
+"""Prepared data (ablations/grid/prepared.py): a budget's encoded data saved once and loaded whole without a corpus
 or a BPE to train, as the GPU benchmark's --prepared reads it."""
 
 import json
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from ablations.bench import gpu
-from ablations.data import prepared
+from ablations.grid import prepared
 from ablations.data.corpora import DataError
-from ablations.data.prepared import load_prepared, save_prepared
+from ablations.grid.prepared import load_prepared, save_prepared
 from ablations.grid.runner import prepare_data
 from ablations.runs.budgets import budget
 from tests.helpers import REAL_DATA, needs_data

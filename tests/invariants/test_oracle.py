@@ -8,6 +8,7 @@ import torch
 
 from invariants.engine import ERROR, FAIL, NOT_APPLICABLE, PASS
 from invariants.oracle import (
+    reference_for,
     table3_cases,
     NO_LAYOUT,
     NO_SUBLAYERS,
@@ -21,7 +22,7 @@ from invariants.oracle import (
 )
 from invariants.subject import Subject
 from model.table3 import table3_rows
-from model.paper_params import export_paper_params, leaves, reference_for, sites
+from model.paper_params import export_paper_params, leaves, sites
 from model.registry import load_model
 from model.transformer import Transformer
 from tests.helpers import few
