@@ -191,7 +191,7 @@ def localise(model: Seq2SeqModel, o: Oracle, b: Batch) -> list[Departure] | None
         return got
 
     scale = embedding_scale(ref.config.d_model)
-    src_allowed, cross_allowed = key_padding_allowed(b.src_pad), key_padding_allowed(b.src_pad)
+    src_allowed = key_padding_allowed(b.src_pad)  # the encoder's keys, and the cross-attention's: the same source
     T = b.tgt.size(1)
     self_allowed = causal_mask(T, T, 0) & key_padding_allowed(b.tgt_pad)
     if o.source_positions is not None:
@@ -221,7 +221,7 @@ def localise(model: Seq2SeqModel, o: Oracle, b: Batch) -> list[Departure] | None
         )
         q = site(p + "cross_attention.input", y, b.tgt_pad)
         m = site(p + "cross_attention.memory", memory, b.src_pad)
-        a = site(p + "cross_attention", layer.cross_attn(q, m, cross_allowed), b.tgt_pad)
+        a = site(p + "cross_attention", layer.cross_attn(q, m, src_allowed), b.tgt_pad)
         y = site(p + "norm_2", layer.res_cross.norm(y + a), b.tgt_pad)
         f = site(p + "ffn", layer.ffn(site(p + "ffn.input", y, b.tgt_pad)), b.tgt_pad)
         y = site(p + "norm_3", layer.res_ffn.norm(y + f), b.tgt_pad)
