@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from model.attention import AttentionRecord, KVCache
+from model.paper_params import moved
 from model.protocol import Seq2SeqModel
 
 # cuBLAS sums in a fixed order only with a workspace of its own per stream; read when its first handle is made.
@@ -70,7 +71,8 @@ def checking(device: torch.device) -> Iterator[None]:
 
 class OnDevice(nn.Module):
     """A model on a device behind the protocol as the checks call it: tensors in go to the device, tensors out come
-    back to the CPU. Anything else (config, unsupported, parameters, modules) is the model's own."""
+    back to the CPU, the optional paper_params and paper_sublayers too. Anything else (config, unsupported, parameters,
+    modules) is the model's own."""
 
     def __init__(self, model: Seq2SeqModel, device: torch.device) -> None:
         super().__init__()
@@ -84,7 +86,12 @@ class OnDevice(nn.Module):
             inner = self.__dict__.get("_modules", {}).get("inner")  # absent while a copy is being made
             if inner is None:
                 raise
-            return getattr(inner, name)
+            found = getattr(inner, name)
+            if name == "paper_params" and callable(found):  # optional members: the oracle's reference is on the CPU
+                return lambda: moved(found(), torch.device("cpu"))
+            if name == "paper_sublayers" and callable(found):
+                return lambda *args: {site: x.cpu() for site, x in self._call(found, *args).items()}
+            return found
 
     def _call(self, method, *args: object) -> object:
         out = method(*(a.to(self.device) if isinstance(a, Tensor) else a for a in args))

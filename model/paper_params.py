@@ -121,6 +121,29 @@ def storage(x: Tensor) -> int:
     return x.untyped_storage().data_ptr()
 
 
+def moved(params: PaperParams, device: torch.device) -> PaperParams:
+    """A copy of params on `device` in which tensors that shared memory still share it (views of one weight, the tied
+    embeddings of section 3.4 stay tied), each storage copied once."""
+    copies: dict[int, torch.UntypedStorage] = {}
+
+    def move(x: object) -> object:
+        if isinstance(x, Tensor):
+            x = x.detach()
+            if storage(x) not in copies:
+                copies[storage(x)] = x.untyped_storage().to(device=device)
+            memory = copies[storage(x)]
+            return torch.empty(0, dtype=x.dtype, device=device).set_(memory, x.storage_offset(), x.size(), x.stride())
+        if isinstance(x, tuple):
+            return tuple(move(item) for item in x)
+        if isinstance(x, Mapping):
+            return {k: move(v) for k, v in x.items()}
+        if isinstance(x, (MultiHead, FeedForward, LayerNorm, EncoderLayer, DecoderLayer, Positions, PaperParams)):
+            return replace(x, **{f.name: move(getattr(x, f.name)) for f in fields(x)})
+        return x
+
+    return move(params)
+
+
 def leaves(obj: object, prefix: str = "") -> Iterator[tuple[str, object]]:
     """(path, value) of every tensor-or-None field, depth first, in the order the paper's layout declares them."""
     if isinstance(obj, tuple):

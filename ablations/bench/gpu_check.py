@@ -36,6 +36,8 @@ from tqdm.auto import tqdm
 from ablations.bench import gpu_prepare
 from ablations.bench.gpu_check_report import (
     BENCH,
+    OUT,
+    WORK,
     bench_lines,
     epoch,
     runner_lines,
@@ -46,7 +48,7 @@ from ablations.bench.gpu_check_report import (
     write_report,
 )
 from ablations.bench.gpu_parts import Outcome, Part, Stage, become_subreaper, run_part, utc_now
-from ablations.bench.report import machine, shown_args
+from ablations.bench.report import SHOWN_AS, machine, shown_args
 from ablations.data.corpora import data_dir
 from ablations.grid.runner import describe_device
 from ablations.runs import folder as R
@@ -137,16 +139,24 @@ def plan(o: CheckOptions) -> list[Part]:
         "--out",
         str(o.out / f"{BENCH}.md"),
     )
-    data_env = {"AIAYN_DATA": str(o.data.corpora)}  # the tests that read the corpora run, not skip
+    names = {SHOWN_AS: os.pathsep.join((f"{WORK}={o.work}", f"{OUT}={o.out}"))}  # no machine's folders in reports
+    data_env = {"AIAYN_DATA": str(o.data.corpora), **names}  # the tests that read the corpora run, not skip
     parts = [
-        Part("bench", "the GPU benchmark", (Stage("bench", bench),), limits["bench"]),
-        Part("runner", "the runner, one row", (Stage("runner", (py, *run, *short, *common)),), limits["runner"]),
+        Part("bench", "the GPU benchmark", (Stage("bench", bench),), limits["bench"], env=names),
+        Part(
+            "runner",
+            "the runner, one row",
+            (Stage("runner", (py, *run, *short, *common)),),
+            limits["runner"],
+            env=names,
+        ),
         Part(
             "torchrun",
             "the runner under torchrun, through DDP",
             (Stage("torchrun", (py, *torchrun, *run, *smoke, "--ddp", *common)),),
             limits["torchrun"],
             distributed,
+            env=names,
         ),
         # SIGINT: pytest stops as on Ctrl-C and still prints its summary, the failures so far by name.
         Part("tests", "the test suite", tests_stages(o), limits["tests"], "", signal.SIGINT, data_env),
@@ -251,8 +261,9 @@ def parse(argv: list[str]) -> CheckOptions:
             f"--work {a.work}: cannot make the folder ({exc.strerror or exc}); give a writable one"
         ) from None
     pytest_args = tuple(shlex.split(a.pytest_args)) if a.pytest_args else ()
+    shown = shown_args(argv, {a.out: OUT} if os.path.isabs(a.out) else {})  # $OUT on a GPU machine
     return CheckOptions(
-        a.device, a.quick, data, work.resolve(), a.work is not None, out.resolve(), pytest_args, shown_args(argv), parts
+        a.device, a.quick, data, work.resolve(), a.work is not None, out.resolve(), pytest_args, shown, parts
     )
 
 

@@ -23,10 +23,23 @@ def output_path(option: str) -> Path:
     return out
 
 
-def shown_args(argv: list[str]) -> str:
-    """The command line as a report shows it: an absolute path relative to the working directory, so that committed
-    reports carry no machine's folders."""
-    return " ".join(os.path.relpath(a) if os.path.isabs(a) else a for a in argv)
+SHOWN_AS = "AIAYN_SHOWN_AS"  # NAME=folder, joined by os.pathsep: a parent's folders (the GPU check's WORK and OUT)
+
+
+def shown_args(argv: list[str], names: dict[str, str] | None = None) -> str:
+    """The command line as a report shows it, so that committed reports carry no machine's folders: a folder of
+    `names` (folder -> NAME; default: from $AIAYN_SHOWN_AS) as its name, another absolute path relative to the working
+    directory."""
+    if names is None:
+        pairs = (entry.split("=", 1) for entry in os.environ.get(SHOWN_AS, "").split(os.pathsep) if "=" in entry)
+        names = {folder: name for name, folder in pairs}
+
+    def shown(arg: str) -> str:
+        for folder, name in names.items():
+            arg = arg.replace(folder, name)
+        return os.path.relpath(arg) if os.path.isabs(arg) else arg
+
+    return " ".join(shown(a) for a in argv)
 
 
 def machine() -> dict:

@@ -51,7 +51,7 @@ def _options(vocab_size: int) -> dict[str, object]:
         input_sentence_size=2_000_000,
         shuffle_input_sentence=True,
         seed_sentencepiece_size=1_000_000,
-        num_threads=min(16, os.cpu_count() or 1),
+        num_threads=2,  # fixed, as it is in the cache key: a BPE made on one machine serves every other
         minloglevel=2,
     )
 

@@ -4,7 +4,9 @@ The model is compiled with every size symbolic from the first step (`dynamic=Tru
 (rows, and lengths padded to a multiple of 8 by ablations/data/batching.py) share one graph: one compile per run.
 With torch's default (`dynamic=None`) the first shape is compiled static and the first change of a size compiles a
 second graph. Two cases still compile again: a size of 0 or 1 (torch specialises those; a batch of one row), and
-code that branches on a size (a guard that a new size fails). Under DDP the graph is split at its gradient buckets.
+code that branches on a size (a guard that a new size fails). Inductor's own fusion choices can branch on a size too:
+its mix-order reduction fuses two reductions only above a size, a guard that a later batch fails (seen on an H200 in
+the GPU check: a second compile at step 3), so that fusion is off. Under DDP the graph is split at its gradient buckets.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from typing import Callable, TypeVar
 
 import torch
+from torch._inductor import config as inductor_config
 from torch._dynamo.utils import counters
 
 F = TypeVar("F", bound=Callable)
@@ -24,4 +27,7 @@ def compiles() -> int:
 
 def compile_model(fn: F, dynamic: bool | None = True, backend: str = "inductor") -> F:
     """`fn` compiled by torch.compile (inductor on a GPU; tests pass backend='eager' to count graphs cheaply)."""
-    return torch.compile(fn, dynamic=dynamic, backend=backend)
+    options = None
+    if backend == "inductor" and hasattr(inductor_config.triton, "mix_order_reduction"):
+        options = {"triton.mix_order_reduction": False}  # a size guard in its fusion decision: a recompile
+    return torch.compile(fn, dynamic=dynamic, backend=backend, options=options)

@@ -77,7 +77,10 @@ def setup(ranks: Ranks, device: torch.device) -> torch.device:
         device = torch.device("cuda", ranks.local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
+        if device.type == "cuda":  # bound to its GPU: NCCL need not guess the device from the rank (a hang if wrong)
+            dist.init_process_group("nccl", timeout=TIMEOUT, device_id=device)
+        else:
+            dist.init_process_group("gloo", timeout=TIMEOUT)
     return device
 
 

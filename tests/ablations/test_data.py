@@ -7,7 +7,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ablations.data.batching import BatchStream, bucketed_batches, make_batch
-from ablations.data.bpe import BOS, EOS, PAD, shared_bpe
+from ablations.data.bpe import BOS, EOS, PAD, bpe_key, shared_bpe
 from ablations.data.corpora import DataError, Pairs, data_dir, load_corpus, normalise, read_lines, read_pairs, shuffled
 from ablations.runs.budgets import BUDGETS, row_config, row_lr_peak, select_rows
 from tests.helpers import REAL_DATA, needs_data
@@ -171,3 +171,10 @@ def test_bpe_is_cached_by_a_hash_of_its_inputs(tmp_path):
     assert list(tmp_path.glob("bpe-*.model")) == cached  # same inputs: loaded, not retrained
     shared_bpe(corpus.train.head(200), 200, tmp_path)
     assert len(list(tmp_path.glob("bpe-*.model"))) == 2  # other inputs: another model
+
+
+def test_a_bpe_made_on_one_machine_is_found_in_the_cache_on_another_with_more_cores(monkeypatch):
+    pairs = Pairs(("a small sentence",), ("ein kleiner Satz",))
+    here = bpe_key(pairs, 200)
+    monkeypatch.setattr("os.cpu_count", lambda: 64)  # the GPU machine the prepared cache travels to
+    assert bpe_key(pairs, 200) == here

@@ -15,6 +15,7 @@ from ablations.bench import gpu_check, gpu_prepare
 from ablations.bench.gpu_check import LIMITS, CheckOptions, check, plan
 from ablations.bench.gpu_check_report import runner_lines
 from ablations.bench.gpu_parts import GRACE_S, Part, Stage
+from ablations.bench.report import shown_args
 from ablations.runs import folder as R
 from ablations.training.stopping import graceful_stops
 from tests.helpers import REAL_DATA, REPO, needs_data
@@ -118,7 +119,18 @@ def test_the_tests_part_runs_the_cuda_only_tests_first_then_the_device_sensitive
     assert first[-3:] == ("-m", "cuda", "tests")
     assert all(path in device for path in gpu_check.DEVICE_TESTS) and all((REPO / p).is_file() for p in device[-4:])
     assert all(f"--ignore={path}" in rest for path in gpu_check.DEVICE_TESTS) and "not cuda" in rest
-    assert tests.env == {"AIAYN_DATA": str(REAL_DATA)}  # the tests that read the corpora run, not skip
+    assert tests.env["AIAYN_DATA"] == str(REAL_DATA)  # the tests that read the corpora run, not skip
+
+
+def test_every_part_shows_the_checks_work_and_out_folders_by_name_in_the_commands_its_reports_print(
+    tmp_path, monkeypatch
+):
+    o = options(tmp_path)
+    for part in plan(o):
+        for name, value in part.env.items():
+            monkeypatch.setenv(name, value)  # as the part's process sees its environment
+        shown = shown_args(["--runs", str(o.work / "runs"), "--out", str(o.out / "bench-gpu.md")])
+        assert shown == "--runs WORK/runs --out OUT/bench-gpu.md", part.name
 
 
 def test_the_parts_limits_leave_the_checks_start_and_report_inside_eight_minutes():
