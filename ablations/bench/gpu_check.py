@@ -41,6 +41,7 @@ from ablations.bench.gpu_check_report import (
     bench_lines,
     epoch,
     runner_lines,
+    records,
     runs_copy,
     tail,
     targets,
@@ -90,7 +91,7 @@ def runner_budget(o: CheckOptions) -> tuple[str, str]:
 
 def tests_stages(o: CheckOptions) -> tuple[Stage, ...]:
     """The CUDA-only tests first and always, then the device-sensitive ones, then the rest of the suite if time
-    remains (over up to 8 processes where pytest-xdist is installed, one per core)."""
+    remains, each stage over up to 8 processes where pytest-xdist is installed (one per core)."""
     pytest = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider")
     if o.pytest_args:
         return (Stage("tests", (sys.executable, "-m", "pytest", *o.pytest_args)),)
@@ -100,7 +101,7 @@ def tests_stages(o: CheckOptions) -> tuple[Stage, ...]:
     spread = ("-n", str(workers)) if importlib.util.find_spec("xdist") and workers > 1 else ()
     ignored = tuple(f"--ignore={path}" for path in DEVICE_TESTS)
     return (
-        Stage("cuda-only", (*pytest, "-m", "cuda", "tests")),
+        Stage("cuda-only", (*pytest, *spread, "-m", "cuda", "tests")),  # 73 s one by one on an H200, 4 tests
         Stage("device-sensitive", (*pytest, *spread, "-m", "not cuda", *DEVICE_TESTS), min_s=20),
         Stage("the rest", (*pytest, *spread, "-m", "not cuda", *ignored, "tests"), min_s=60),
     )
@@ -171,8 +172,8 @@ def measured(part: Part, o: CheckOptions, outcome: Outcome) -> list[str]:
     if part.name in RUNNER:
         budget, row = runner_budget(o) if part.name == "runner" else RUNNER[part.name]
         found = sorted((o.work / "runs" / budget).glob(f"{row}-s1-*"))
-        copy = runs_copy(o.out, budget, row)
-        if found:  # the records (not the checkpoints) beside the report, where a GPU machine returns them
+        copy = runs_copy(o.work, budget, row)
+        if found:  # the records (not the checkpoints), which gpu-check.json carries back from a GPU machine
             copy.mkdir(parents=True, exist_ok=True)
             for name in (R.CONFIG, R.METRICS, R.FINAL):
                 if (found[-1] / name).is_file():
@@ -181,10 +182,18 @@ def measured(part: Part, o: CheckOptions, outcome: Outcome) -> list[str]:
     return tests_lines(o.out / "logs" / f"{part.name}.log")
 
 
+def carried(part: Part, o: CheckOptions) -> dict:
+    """The run records of a runner part, for gpu-check.json; {} for the other parts."""
+    if part.name not in RUNNER:
+        return {}
+    return records(runs_copy(o.work, *(runner_budget(o) if part.name == "runner" else RUNNER[part.name])))
+
+
 def check(o: CheckOptions, parts: list[Part], meta: dict) -> list[Outcome]:
     """Every part in turn, the report rewritten after each; a part's failure, time-out or broken output stops no other."""
     outcomes: list[Outcome] = []
     body: dict[str, list[str]] = {"targets": []}
+    kept: dict[str, dict] = {}  # part -> its run's records
     (o.out / "logs").mkdir(parents=True, exist_ok=True)
     gpu_prepare.seed_runs(o.data, o.work / "runs")
     with tqdm(parts, desc="gpu check", unit="part", dynamic_ncols=True) as bar:
@@ -196,7 +205,7 @@ def check(o: CheckOptions, parts: list[Part], meta: dict) -> list[Outcome]:
             else:
                 outcome = run_part(part, log, REPO)
             try:
-                body[part.name] = measured(part, o, outcome)
+                body[part.name], kept[part.name] = measured(part, o, outcome), carried(part, o)
             except Exception as exc:  # noqa: BLE001 - a part's output unreadable: said, and the next part runs
                 body[part.name] = [f"its output could not be read: {type(exc).__name__}: {exc}"]
             if not outcome.result.startswith(("passed", "skipped")):
@@ -204,8 +213,8 @@ def check(o: CheckOptions, parts: list[Part], meta: dict) -> list[Outcome]:
             outcomes.append(outcome)
             tqdm.write(f"{part.name}: {outcome.result} ({outcome.seconds:.0f} s)", file=sys.stderr)
             done = {p.name: x for p, x in zip(parts, outcomes)}
-            body["targets"] = targets(o.out, done, runner_budget(o), o.quick)
-            write_report(meta, parts, outcomes, body, o.work)
+            body["targets"] = targets(o.out, o.work, done, runner_budget(o), o.quick)
+            write_report(meta, parts, outcomes, body, o.work, kept)
     return outcomes
 
 

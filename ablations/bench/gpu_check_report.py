@@ -37,9 +37,17 @@ def fresh_json(path: Path, since: float) -> dict | None:
         return None
 
 
-def runs_copy(out: Path, budget: str, row_name: str) -> Path:
-    """Where the check keeps a copy of a part's run records (metrics.jsonl, final.json, config.json)."""
-    return out / "runs" / f"{budget}-{row_name}"
+def runs_copy(work: Path, budget: str, row_name: str) -> Path:
+    """Where the check keeps a copy of a part's run records (metrics.jsonl, final.json, config.json); gpu-check.json
+    carries them too (a GPU machine returns few files)."""
+    return work / "records" / f"{budget}-{row_name}"
+
+
+def records(folder: Path) -> dict:
+    """A run's records as gpu-check.json carries them: config and final as read, metrics as a list of its lines."""
+    if not folder.is_dir():
+        return {}
+    return {R.CONFIG: R.read_json(folder / R.CONFIG), R.METRICS: R.read_metrics(folder), R.FINAL: R.read_final(folder)}
 
 
 def runner_lines(folder: Path | None) -> list[str]:
@@ -132,7 +140,7 @@ def tail(log: Path, lines: int = 15) -> str:
     return "\n".join(kept[-lines:])
 
 
-def targets(out: Path, outcomes: dict[str, Outcome], runner: tuple[str, str], quick: bool) -> list[str]:
+def targets(out: Path, work: Path, outcomes: dict[str, Outcome], runner: tuple[str, str], quick: bool) -> list[str]:
     """The targets of docs/benchmark.md against what the bench and runner parts of this run wrote."""
     lines = [
         "## Targets",
@@ -146,7 +154,7 @@ def targets(out: Path, outcomes: dict[str, Outcome], runner: tuple[str, str], qu
         lines += bench_targets(bench) if bench else [row("the bench's targets", "-", "-", "not measured: no report")]
     except (KeyError, TypeError):
         lines.append(row("the bench's targets", "-", "-", "not measured: its report lacks the figures"))
-    folder = runs_copy(out, *runner)
+    folder = runs_copy(work, *runner)
     if "runner" not in outcomes or not folder.is_dir():
         return [*lines, row("the runner's targets", "-", "-", "not measured: no run folder")]
     return [*lines, *runner_targets(R.read_metrics(folder), R.read_final(folder) or {})]
@@ -191,8 +199,14 @@ def markdown(meta: dict, parts: list[Part], outcomes: list[Outcome], body: dict[
 
 
 def write_report(
-    meta: dict, parts: list[Part], outcomes: list[Outcome], body: dict[str, list[str]], work: Path
+    meta: dict,
+    parts: list[Part],
+    outcomes: list[Outcome],
+    body: dict[str, list[str]],
+    work: Path,
+    kept: dict[str, dict] | None = None,
 ) -> None:
+    """gpu-check.md and gpu-check.json (which also carries each runner part's records: config, metrics, final)."""
     out = Path(meta["out"])
     write_atomic(out / "gpu-check.md", markdown(meta, parts, outcomes, body, work))
     entries = [
@@ -203,6 +217,7 @@ def write_report(
             "commands": [shown(s.command, work, out) for s in p.stages],
             **asdict(x),
             "lines": body.get(p.name, []),
+            **({"records": kept[p.name]} if (kept or {}).get(p.name) else {}),
         }
         for p, x in zip(parts, outcomes)
     ]

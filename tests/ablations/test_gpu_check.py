@@ -212,7 +212,10 @@ def test_the_quick_check_runs_every_part_on_the_cpu_and_each_passes(tmp_path):
         assert f"## {name}: passed" in text
         assert (out / "logs" / f"{name}.log").is_file()
     assert "| tiny | hf-marian | eager | default |" in text and "status finished, 8 steps" in text
-    assert (out / "bench-gpu.json").is_file() and (out / "runs" / "smoke-D1" / R.FINAL).is_file()
+    assert (out / "bench-gpu.json").is_file()
+    torchrun = next(p for p in json.loads((out / "gpu-check.json").read_text())["parts"] if p["name"] == "torchrun")
+    assert torchrun["records"][R.FINAL]["status"] == "finished" and torchrun["records"][R.METRICS]
+    assert len([p for p in out.rglob("*") if p.is_file()]) <= 8  # what a GPU machine of the device tool returns
 
 
 @pytest.mark.parametrize(
