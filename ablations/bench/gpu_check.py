@@ -59,7 +59,7 @@ from ablations.training.stopping import stops_cleanly
 from invariants.report import writable_folder
 
 REPO = Path(__file__).resolve().parents[2]
-LIMITS = {"bench": 170, "runner": 150, "torchrun": 45, "tests": 95}  # seconds; 460 in all
+LIMITS = {"bench": 170, "runner": 165, "torchrun": 45, "tests": 80}  # seconds; 460 in all
 QUICK_LIMIT = 60  # each part of --quick
 RUNNER = {"runner": ("short", "base"), "torchrun": ("smoke", "D1")}  # the (budget, row) each run part trains
 # The tests whose outcome depends on the device: training and its clock, the GPU path, the invariants on a device.
