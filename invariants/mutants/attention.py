@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from invariants.mutants.registry import CAUSAL, register_mutant
-from model.attention import MultiHeadAttention, explicit_attention
+from model.attention import KVCache, MultiHeadAttention, explicit_attention
 from model.config import TransformerConfig
 from model.transformer import Parts, Transformer, causal_mask
 
@@ -201,3 +201,35 @@ class HeadsSplitByReshape(Transformer):
         for i, layer in enumerate(self.decoder):
             layer.self_attn = HeadsByReshape(cfg, "decoder_self", i, parts.attend)
             layer.cross_attn = HeadsByReshape(cfg, "cross", i, parts.attend)
+
+
+class ValuesFromKeys(MultiHeadAttention):
+    """V = source W^K_i: W^V_i exists (trained, exported) but the values are the keys, a copy-paste of the line above."""
+
+    def _keys_values(self, source: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
+        name = f"{self.kind}.{self.layer}"
+        if cache is not None and self.kind == "cross" and name in cache.kv:
+            return cache.kv[name]
+        k = v = self._heads(self.w_k(source))
+        if cache is not None and self.kind == "decoder_self":
+            return cache.append(name, k, v)
+        if cache is not None:
+            cache.kv[name] = (k.contiguous(), v.contiguous())
+            return cache.kv[name]
+        return k, v
+
+
+@register_mutant(
+    "values_from_key_projection",
+    bug="values projected with W^K instead of W^V (eq. 1's head_i reads K W^K_i twice)",
+    caught_by=("gradients_reach_all", "oracle_encoder", "oracle_logits"),
+    known_bug=False,
+)
+class ValuesFromKeyProjection(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        for i, layer in enumerate(self.encoder):
+            layer.self_attn = ValuesFromKeys(cfg, "encoder_self", i, parts.attend)
+        for i, layer in enumerate(self.decoder):
+            layer.self_attn = ValuesFromKeys(cfg, "decoder_self", i, parts.attend)
+            layer.cross_attn = ValuesFromKeys(cfg, "cross", i, parts.attend)

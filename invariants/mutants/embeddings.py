@@ -127,6 +127,27 @@ class GeneratorUntied(Transformer):
         nn.init.xavier_uniform_(self.generator.weight)
 
 
+class ScaledLinear(nn.Linear):
+    """x W^T * sqrt(d_model): section 3.4's embedding scale applied where the shared matrix is the pre-softmax linear."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x) * embedding_scale(self.in_features)
+
+
+@register_mutant(
+    "logits_scaled_like_embeddings",
+    bug="pre-softmax linear multiplied by sqrt(d_model), as the embedding layers are (section 3.4 misread)",
+    caught_by=("oracle_logits",),
+    known_bug=False,
+)
+class LogitsScaledLikeEmbeddings(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        tied = self.generator.weight
+        self.generator = ScaledLinear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.generator.weight = tied  # still the shared matrix: only its scale is wrong
+
+
 @register_mutant(
     "encoder_embedding_unscaled",
     bug="sqrt(d_model) applied in embed() but not on the encoder's path",

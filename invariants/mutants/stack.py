@@ -281,3 +281,14 @@ class NormOutputDropped(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)
         with_connections(self, DropoutAfterNorm, cfg, parts)
+
+
+@register_mutant(
+    "rms_norm",
+    bug="RMSNorm where section 3.1 has LayerNorm: no centring and no bias",
+    caught_by=("oracle_encoder", "oracle_logits"),  # scale-invariant like LayerNorm: layer_norm_outputs passes
+    part="norm",
+    known_bug=False,
+)
+def rms_norm(d_model: int) -> nn.Module:
+    return nn.RMSNorm(d_model, eps=1e-5)

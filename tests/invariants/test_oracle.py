@@ -79,6 +79,9 @@ def test_torch_nn_departs_only_at_its_final_layer_norms():
         ("ffn_gelu", "encoder.0.ffn ("),  # eq. (2)'s ReLU replaced
         ("pre_ln_blocks", "encoder.0.self_attention.input ("),  # LayerNorm before the sub-layer, not after the sum
         ("cross_attention_reads_decoder", "decoder.0.cross_attention.memory ("),
+        ("values_from_key_projection", "encoder.0.self_attention ("),  # V = K W^K_i in eq. (1)
+        ("rms_norm", "encoder.0.norm_1 ("),  # no centring, no bias: not section 3.1's LayerNorm
+        ("logits_scaled_like_embeddings", "logits ("),  # section 3.4's sqrt(d_model) on the pre-softmax linear
     ],
 )
 def test_a_mutant_that_changes_the_eval_function_is_caught_and_localised_to_its_sublayer(mutant, first):
