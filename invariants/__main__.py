@@ -24,9 +24,10 @@ from invariants.mutants import MUTANTS
 from invariants.subject import Subject
 from invariants.suite import PROPERTIES, Interrupted, run_suite, select
 from model.files import StorageError
-from model.registry import SpecError, default_spec, parse_config_overrides, parse_spec
+from model.registry import ModelSpec, SpecError, default_spec, lookup, parse_config_overrides, parse_spec
 
-DEFAULT_OUT = Path("reports/invariants")
+DEFAULT_OUT = Path("reports/invariants")  # the models this project registers: its published reports
+USER_OUT = Path("runs/invariants")  # a user's own model (a .py file or a module): beside their runs, out of git
 # Mutants run at a small config: the matrix takes minutes instead of an hour; --mutant-overrides "" for base.
 MUTANT_OVERRIDES = "N=2,d_model=64,h=4,d_k=16,d_v=16,d_ff=128,vocab_size=1000"
 
@@ -63,7 +64,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--only", default="", help="comma-separated property names (default: all; --list shows them)")
     p.add_argument("--replay", default=None, help="a @reproduce_failure(...) line from a report, with --only NAME")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"report folder (default: {DEFAULT_OUT})")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"report folder (default: {DEFAULT_OUT} for a registered model, {USER_OUT} for your own file or module)",
+    )
     p.add_argument(
         "--timeout",
         type=float,
@@ -129,13 +135,16 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         replay = parse_replay(args.replay) if args.replay else None
         if replay and len(properties) != 1:
             raise ValueError("--replay needs --only with exactly one property (the one the line came from)")
-        report.writable_folder(args.out)
-        target = str(device.resolve(args.device))
         if args.kill_matrix:
-            return kill_matrix(args, settings, profile_name, command, target)
+            args.out = args.out or DEFAULT_OUT
+            report.writable_folder(args.out)
+            return kill_matrix(args, settings, profile_name, command, str(device.resolve(args.device)))
         if args.timeout < 0:
             raise ValueError(f"--timeout {args.timeout:g}: give seconds, or 0 for no limit")
         spec = parse_spec(args.model if args.model is not None else default_spec())
+        args.out = args.out or default_out(spec)
+        report.writable_folder(args.out)
+        target = str(device.resolve(args.device))
         start = time.perf_counter()
         subject = Subject(spec, target)
     except (SpecError, ValueError) as exc:
@@ -188,6 +197,12 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     print("\n" + report.summary_line(str(spec), results, seconds, profile_name) + f"; report {md_path} and {json_path}")
     skipped = [r for r in results if r.verdict == NOT_APPLICABLE]
     return 1 if failed or (args.strict and skipped) else 0
+
+
+def default_out(spec: ModelSpec) -> Path:
+    """Where a report goes without --out: the published folder for a model this project registers, USER_OUT for a
+    user's own, so that it never lands among the published reports (nor replaces one of the same name)."""
+    return DEFAULT_OUT if lookup(spec.target) is not None else USER_OUT
 
 
 def save(doc: dict, out: Path | None) -> str:

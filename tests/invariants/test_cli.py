@@ -48,6 +48,19 @@ def test_a_passing_model_exits_0(tmp_path):
     )
 
 
+def test_without_out_a_users_own_model_is_reported_under_runs_and_a_registered_one_under_reports(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.py").write_text("from model import Transformer\n\ndef build(cfg):\n    return Transformer(cfg)\n")
+    assert main(["--model", f"mine.py:build,{SMALL}", "--only", "pe_exact_values"]) == 0
+    assert "report runs/invariants/mine" in capsys.readouterr().out
+    assert [p.parent.name for p in tmp_path.rglob("*.md")] == ["invariants"]
+    assert not (tmp_path / "reports").exists()  # never among the published reports
+    assert main(["--model", f"reference,{SMALL}", "--only", "pe_exact_values"]) == 0
+    assert list((tmp_path / "reports" / "invariants").glob("reference-*.partial.md"))
+
+
 def test_strict_makes_not_applicable_exit_1_and_the_summary_line_says_why(tmp_path, capsys):
     args = [
         "--model",
