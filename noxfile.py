@@ -2,12 +2,15 @@
 `nox -s lint`, `nox -s ablations`, `nox -s report`, `nox -s bench`, `nox -s tests_transformers5`, and on one GPU
 `nox -s bench_gpu` and `nox -s gpu_check`."""
 
+import logging
 import os
 
 import nox
 
 nox.options.sessions = ["invariants", "tests"]
 nox.options.reuse_existing_virtualenvs = True  # torch makes a venv expensive
+# nox looks for uv at every session and, where there is none, says "uv binary not found." before using pip as asked.
+logging.getLogger("nox").addFilter(lambda record: record.getMessage() != "uv binary not found.")
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 
 
