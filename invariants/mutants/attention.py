@@ -180,6 +180,17 @@ class CrossAttentionUnmasked(Transformer):
         return super().decode(tgt, memory, torch.zeros_like(src_pad), tgt_pad, cache)
 
 
+def with_attentions(
+    model: Transformer, attention: type[MultiHeadAttention], cfg: TransformerConfig, parts: Parts
+) -> None:
+    """Every attention of the model (encoder self, decoder self, cross) rebuilt as `attention`."""
+    for i, layer in enumerate(model.encoder):
+        layer.self_attn = attention(cfg, "encoder_self", i, parts.attend)
+    for i, layer in enumerate(model.decoder):
+        layer.self_attn = attention(cfg, "decoder_self", i, parts.attend)
+        layer.cross_attn = attention(cfg, "cross", i, parts.attend)
+
+
 class HeadsByReshape(MultiHeadAttention):
     """Splits heads with a reshape where a transpose belongs: (B, T, h*d) read as (B, h, T, d) mixes positions."""
 
@@ -196,11 +207,7 @@ class HeadsByReshape(MultiHeadAttention):
 class HeadsSplitByReshape(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)
-        for i, layer in enumerate(self.encoder):
-            layer.self_attn = HeadsByReshape(cfg, "encoder_self", i, parts.attend)
-        for i, layer in enumerate(self.decoder):
-            layer.self_attn = HeadsByReshape(cfg, "decoder_self", i, parts.attend)
-            layer.cross_attn = HeadsByReshape(cfg, "cross", i, parts.attend)
+        with_attentions(self, HeadsByReshape, cfg, parts)
 
 
 class ValuesFromKeys(MultiHeadAttention):
@@ -228,8 +235,4 @@ class ValuesFromKeys(MultiHeadAttention):
 class ValuesFromKeyProjection(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)
-        for i, layer in enumerate(self.encoder):
-            layer.self_attn = ValuesFromKeys(cfg, "encoder_self", i, parts.attend)
-        for i, layer in enumerate(self.decoder):
-            layer.self_attn = ValuesFromKeys(cfg, "decoder_self", i, parts.attend)
-            layer.cross_attn = ValuesFromKeys(cfg, "cross", i, parts.attend)
+        with_attentions(self, ValuesFromKeys, cfg, parts)
