@@ -89,8 +89,23 @@ class Oracle:
 _REFERENCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its reference, refilled per case
 
 
-def positions(params: PaperParams, cfg) -> tuple[Tensor | None, Tensor | None, list[str]]:
-    """The tables the reference adds to source and target, and the findings about the model's positions."""
+def own_table(model: Seq2SeqModel, cfg) -> Tensor | None:
+    """The sinusoids the model adds, as its positional_table gives them (a float32 table is rounded its own way, which
+    the formula's float64 values would call a departure at 1e-8); None where the model does not offer it."""
+    if "positional_table" in (getattr(model, "unsupported", None) or {}):
+        return None
+    try:
+        table = model.positional_table(cfg.max_len)
+    except Exception:  # noqa: BLE001 - a member that fails is the contract check's finding; the formula serves here
+        return None
+    return table.detach() if isinstance(table, Tensor) and table.shape == (cfg.max_len, cfg.d_model) else None
+
+
+def positions(
+    params: PaperParams, cfg, observed: Tensor | None = None
+) -> tuple[Tensor | None, Tensor | None, list[str]]:
+    """The tables the reference adds to source and target, and the findings about the model's positions; a sinusoidal
+    table the layout leaves out is the one the model says it adds (`observed`), else the formula's."""
     given = params.positions
     if given.kind == "learned":
         two = given.source is not None and given.target is not None and storage(given.source) != storage(given.target)
@@ -106,7 +121,9 @@ def positions(params: PaperParams, cfg) -> tuple[Tensor | None, Tensor | None, l
         return None, None, ["no positional encoding (section 3.5 adds one)"]
     exact = sinusoidal_table(cfg.max_len, cfg.d_model)
     chosen, findings = [], []
-    for stack, table in (("source", given.source), ("target", given.target)):
+    source = given.source if given.source is not None else observed
+    target = given.target if given.target is not None else observed
+    for stack, table in (("source", source), ("target", target)):
         if table is None:
             chosen.append(exact)
             continue
@@ -123,7 +140,8 @@ def oracle_for(model: Seq2SeqModel) -> Oracle:
     params = model.paper_params()
     cfg = model.config.replace(pe=params.positions.kind)
     check_shapes(params, cfg)
-    source, target, findings = positions(params, cfg)
+    observed = own_table(model, cfg) if params.positions.kind == "sinusoidal" else None
+    source, target, findings = positions(params, cfg, observed)
     reference = _REFERENCES.get(model)
     if reference is None or reference.config.share_embeddings != params.shared():
         reference = _REFERENCES[model] = reference_for(params, cfg)

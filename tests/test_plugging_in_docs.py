@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from invariants.engine import PASS
+from invariants.engine import FAIL, PASS
 from invariants.suite import run_suite, select
 from model.config import field_names
 from tests.helpers import REPO
@@ -24,6 +24,20 @@ def test_the_scratch_example_supports_the_cache_and_capture_and_passes_their_che
     (tmp_path / "scratch.py").write_text(doc_block("# scratch.py"))
     results = run_suite(f"{tmp_path / 'scratch.py'}:make,{SMALL}", select(CLAIMED))
     assert [r.verdict for r in results] == [PASS] * len(CLAIMED), {r.name: r.reason for r in results}
+
+
+def test_the_scratch_example_with_the_pages_layout_members_passes_the_oracle_and_a_bug_is_localised(tmp_path):
+    members = doc_block("from dataclasses import replace") + "\n" + doc_block("from model.paper_params import sublayer")
+    attach = "\nScratch.paper_params, Scratch.paper_sublayers = paper_params, paper_sublayers\n"
+    (tmp_path / "scratch.py").write_text(doc_block("# scratch.py") + "\n" + members + attach)
+    oracle = select(["oracle_encoder", "oracle_decoder", "oracle_logits", "oracle_cached_decoding"])
+    results = run_suite(f"{tmp_path / 'scratch.py'}:make,{SMALL}", oracle)
+    assert [r.verdict for r in results] == [PASS] * len(oracle), {r.name: r.reason for r in results}
+    source = (tmp_path / "scratch.py").read_text()
+    assert source.count("nn.ReLU()") == 1
+    (tmp_path / "gelu.py").write_text(source.replace("nn.ReLU()", "nn.GELU()"))  # eq. (2)'s max(0, .) swapped
+    (encoder,) = run_suite(f"{tmp_path / 'gelu.py'}:make,{SMALL}", select(["oracle_encoder"]))
+    assert encoder.verdict == FAIL and "first departs at encoder.0.ffn (" in encoder.reason, encoder.reason
 
 
 def test_the_config_table_names_every_field():

@@ -3,6 +3,8 @@ compared output by output and sub-layer by sub-layer. Tiny configs and few cases
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -22,7 +24,7 @@ from invariants.oracle import (
 )
 from invariants.subject import Subject
 from model.table3 import table3_rows
-from model.paper_params import export_paper_params, leaves, sites
+from model.paper_params import Positions, export_paper_params, leaves, sites
 from model.registry import load_model
 from model.transformer import Transformer
 from tests.helpers import few
@@ -119,6 +121,22 @@ def test_without_the_layout_the_checks_are_not_applicable_and_without_sublayers_
     assert result.verdict == NOT_APPLICABLE and NO_LAYOUT in result.reason
     result = oracle_encoder(Subject(lambda cfg: no_scaling(cfg.replace(**_tiny()))), settings=few(1))
     assert result.verdict == FAIL and NO_SUBLAYERS in result.reason
+
+
+class SinusoidsLeftOut(Transformer):
+    """A correct model whose layout names its positions 'sinusoidal' without handing over its float32 table."""
+
+    def paper_params(self):
+        params = super().paper_params()
+        kind = params.positions.kind  # learned at Table 3's row E
+        return replace(params, positions=Positions(kind)) if kind == "sinusoidal" else params
+
+
+def test_sinusoids_left_out_of_the_layout_are_read_from_the_model_so_a_float32_table_is_no_departure():
+    subject = Subject(lambda cfg: SinusoidsLeftOut(cfg.replace(**_tiny())))
+    for check in CHECKS:
+        result = check(subject, settings=few(1))
+        assert result.verdict == PASS, (check.name, result.reason)
 
 
 def test_a_layout_of_the_wrong_shape_is_an_error_not_a_catch():
