@@ -65,7 +65,39 @@ def causal_future_tokens(subject: Subject, case: Case) -> float | tuple[float, s
     b, position = divmod(int(moved.flatten().argmax()), j)
     return error, (
         f"changing the tokens at positions >= {j} moved the logits at position {position} (batch row {b}) by "
-        f"{moved[b, position].item():.3g}: the decoder reads later positions there"
+        f"{moved[b, position].item():.3g}: the decoder reads later positions there; {where_it_leaks(subject, model, batch)}"
+    )
+
+
+def where_it_leaks(subject: Subject, model: Seq2SeqModel, batch: Batch) -> str:
+    """Whether the decoder's captured self-attention weights reach later keys (the mask) or not (then the positions are
+    mixed after the softmax, where heads are merged, or outside attention); '' without attention capture."""
+    if subject.lacks("attention_probs"):
+        return "without attention capture the leak's place is not known"
+    was_training = model.training
+    try:
+        with torch.no_grad(), model.attention_probs() as records:
+            model.eval()
+            model(batch.src, batch.tgt, batch.src_pad, batch.tgt_pad)
+    except Exception:  # noqa: BLE001 - a capture that fails is attention_probs' own finding, not this one's
+        return "the attention capture failed, so the leak's place is not known"
+    finally:
+        model.train(was_training)
+    T = batch.tgt.size(1)
+    later = torch.ones(T, T, dtype=torch.bool).triu(1) & ~batch.tgt_pad[:, None, None, :]  # (B, 1, T_q, T_k)
+    for r in records:
+        if r.kind != "decoder_self" or tuple(r.probs.shape[-2:]) != (T, T) or r.probs.size(0) != batch.tgt.size(0):
+            continue
+        weight = r.probs.double().masked_fill(~later | batch.tgt_pad[:, None, :, None], 0.0)  # real queries only
+        if weight.max() > 0:
+            b, head, query, key = (int(i) for i in torch.unravel_index(weight.argmax(), weight.shape))
+            return (
+                f"{place(r, b, head, query)} gives the later key {key} weight {weight.max().item():.3g}: the causal "
+                "mask lets it see the future"
+            )
+    return (
+        "the decoder self-attention's captured weights on later keys are all 0, so the leak comes after the softmax: "
+        "positions mixed where heads are split or merged (a reshape where a transpose belongs), or outside attention"
     )
 
 
@@ -76,7 +108,7 @@ def causal_future_tokens(subject: Subject, case: Case) -> float | tuple[float, s
     cases=lambda s: batch_cases(s, min_tgt=2),
     needs=("target_embeddings",),
 )
-def causal_jacobian(subject: Subject, case: Case) -> float:
+def causal_jacobian(subject: Subject, case: Case) -> float | tuple[float, str]:
     """The float64 gradient of the logits at positions < j with respect to the target embeddings at >= j is exactly 0 (paper, section 3.2.3).
 
     Measured as a vector-Jacobian product with a random cotangent on the logits before j: zero iff the
@@ -93,7 +125,13 @@ def causal_jacobian(subject: Subject, case: Case) -> float:
             return float("inf")
         cotangent = torch.randn(logits.shape, generator=torch.Generator().manual_seed(case.seed), dtype=logits.dtype)
         (grad,) = torch.autograd.grad((logits * cotangent).sum(), x, allow_unused=True)
-    return 0.0 if grad is None else grad[:, j:].abs().max().item()  # None: no path from the embeddings, so no leak
+    error = 0.0 if grad is None else grad[:, j:].abs().max().item()  # None: no path from the embeddings, so no leak
+    if error == 0:
+        return error
+    return (
+        error,
+        f"the logits before position {j} depend on the embeddings from {j} on; {where_it_leaks(subject, model, batch)}",
+    )
 
 
 @invariant(

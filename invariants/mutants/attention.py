@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from invariants.mutants.registry import CAUSAL, register_mutant
-from model.attention import KVCache, MultiHeadAttention, explicit_attention
+from model.attention import AttentionRecord, KVCache, MultiHeadAttention, explicit_attention
 from model.config import TransformerConfig
 from model.transformer import Parts, Transformer, causal_mask
 
@@ -236,3 +236,30 @@ class ValuesFromKeyProjection(Transformer):
     def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
         super().__init__(cfg, parts)
         with_attentions(self, ValuesFromKeys, cfg, parts)
+
+
+class MergedByReshape(MultiHeadAttention):
+    """Merges the heads' outputs (B, h, T, d_v) with a reshape to (B, T, h * d_v), no transpose back: rows of one head
+    at several positions become one position's vector."""
+
+    def forward(self, x: Tensor, source: Tensor, allowed: Tensor, cache: KVCache | None = None) -> Tensor:
+        if cache is not None and cache.beams > 1 and self.kind == "cross":
+            return super().forward(x, source, allowed, cache)  # beam search's shared memory: left as it was
+        q = self._heads(self.w_q(x))
+        k, v = self._keys_values(source, cache)
+        out, probs = self.attend(q, k, v, allowed, self.records is not None)
+        if self.records is not None:
+            self.records.append(AttentionRecord(self.kind, self.layer, probs))
+        return self.w_o(out.reshape(x.size(0), x.size(1), -1))
+
+
+@register_mutant(
+    "heads_merged_by_reshape",
+    bug="heads merged by a reshape of (B, h, T, d_v) to (B, T, h * d_v) without transposing back",
+    caught_by=("causal_future_tokens", "permutation_encoder", "oracle_encoder"),
+    known_bug=False,
+)
+class HeadsMergedByReshape(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        with_attentions(self, MergedByReshape, cfg, parts)

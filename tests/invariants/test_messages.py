@@ -3,7 +3,7 @@ which number is the error; and a failure that follows from another failing prope
 
 from __future__ import annotations
 
-from invariants.causal import causal_future_tokens
+from invariants.causal import causal_future_tokens, causal_jacobian
 from invariants.engine import FAIL
 from invariants.softmax import softmax_rows
 from invariants.sublayer_dropout import dropout_sites
@@ -32,3 +32,17 @@ def test_dropout_sites_says_its_failure_follows_from_a_row_with_nothing_to_atten
 def test_causal_future_tokens_names_the_position_that_saw_the_future():
     result = causal_future_tokens(f"mutant:heads_by_reshape,{SMALL}")
     assert result.verdict == FAIL and "moved the logits at position" in result.reason
+
+
+def test_a_leak_through_the_mask_names_the_attention_row_that_sees_the_future():
+    result = causal_future_tokens(f"mutant:no_causal_mask,{SMALL}")
+    assert result.verdict == FAIL and "decoder self-attention, layer " in result.reason
+    assert "the causal mask lets it see the future" in result.reason
+
+
+def test_a_leak_after_the_softmax_says_the_weights_are_causal_and_points_at_the_head_merge():
+    for check in (causal_future_tokens, causal_jacobian):
+        result = check(f"mutant:heads_merged_by_reshape,{SMALL}")
+        assert result.verdict == FAIL, check.name
+        assert "captured weights on later keys are all 0, so the leak comes after the softmax" in result.reason
+        assert "where heads are split or merged" in result.reason
