@@ -17,6 +17,9 @@ import importlib.util
 import sys
 
 from invariants import shadowing  # noqa: F401  (before any import of model: a model.py hiding it is one line)
+from model.extras import require
+
+require("grid", "the Table 3 runner (ablations)")
 
 # Modules a user ran by path before they moved into the sub-packages: `python -m` on the old name says the new one.
 MOVED = {

@@ -31,6 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable, Mapping
 
+from model.extras import EXTRA_OF
 from model.config import TransformerConfig, parse_overrides
 from model.table3 import preset
 from model.protocol import Seq2SeqModel, missing_members
@@ -44,7 +45,6 @@ TAKES = ("preset", "name", "path")
 # Modules of model/ whose import registers the shipped adapters, imported only when a name is looked up (the hf
 # one imports transformers). Higher layers register their own models on import (invariants.mutants: mutant:NAME).
 ADAPTERS = ("model.adapters.reference", "model.adapters.torch_nn", "model.adapters.hf")
-OPTIONAL = {"transformers": "hf"}  # a module some adapters need -> the extra that installs it
 _FILES: dict[Path, ModuleType] = {}  # adapter files already imported, by resolved path: each is executed once
 _UNAVAILABLE: dict[str, str] = {}  # adapter module -> why it could not be imported (an optional extra missing)
 
@@ -86,10 +86,10 @@ def _load_adapters(until: str | None = None) -> None:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            if exc.name not in OPTIONAL:
+            if exc.name not in EXTRA_OF:
                 raise
             _UNAVAILABLE[module] = (
-                f"{module} needs {exc.name}, which is not installed: pip install .[{OPTIONAL[exc.name]}]"
+                f"{module} needs {exc.name}, which is not installed: pip install .[{EXTRA_OF[exc.name]}]"
             )
 
 
@@ -214,10 +214,10 @@ def _import(target: str, attr: str, spec: ModelSpec) -> Callable:
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
-            if exc.name in OPTIONAL:
+            if exc.name in EXTRA_OF:
                 raise SpecError(
                     f"model spec {str(spec)!r} needs {exc.name}, which is not installed: "
-                    f"pip install .[{OPTIONAL[exc.name]}]"
+                    f"pip install .[{EXTRA_OF[exc.name]}]"
                 ) from None
             raise SpecError(
                 f"model spec {str(spec)!r}: {target!r} is neither a registered model ({_unknown()}) nor an importable module ({exc})"
