@@ -63,6 +63,8 @@ LIMITS = {"bench": 170, "runner": 165, "torchrun": 45, "tests": 80}  # seconds; 
 QUICK_LIMIT = 60  # each part of --quick
 RUNNER = {"runner": ("short", "base"), "torchrun": ("smoke", "D1")}  # the (budget, row) each run part trains
 # The tests whose outcome depends on the device: training and its clock, the GPU path, the invariants on a device.
+# The files that hold the tests marked cuda (tests.helpers.needs_cuda): the first stage collects only these.
+CUDA_TESTS = ("tests/ablations/test_sync.py", "tests/invariants/test_device.py")
 DEVICE_TESTS = (
     "tests/ablations/test_gpu_path.py",
     "tests/ablations/test_train.py",
@@ -101,7 +103,7 @@ def tests_stages(o: CheckOptions) -> tuple[Stage, ...]:
     spread = ("-n", str(workers)) if importlib.util.find_spec("xdist") and workers > 1 else ()
     ignored = tuple(f"--ignore={path}" for path in DEVICE_TESTS)
     return (
-        Stage("cuda-only", (*pytest, *spread, "-m", "cuda", "tests")),  # 73 s one by one on an H200, 4 tests
+        Stage("cuda-only", (*pytest, *spread, "-m", "cuda", *CUDA_TESTS)),  # 73 s one by one on an H200, 4 tests
         Stage("device-sensitive", (*pytest, *spread, "-m", "not cuda", *DEVICE_TESTS), min_s=20),
         Stage("the rest", (*pytest, *spread, "-m", "not cuda", *ignored, "tests"), min_s=60),
     )

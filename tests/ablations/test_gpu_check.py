@@ -5,6 +5,7 @@ import ast
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -116,7 +117,7 @@ def test_the_tests_part_runs_the_cuda_only_tests_first_then_the_device_sensitive
     tests = next(p for p in plan(o) if p.name == "tests")
     assert [s.name for s in tests.stages] == ["cuda-only", "device-sensitive", "the rest"]
     first, device, rest = (s.command for s in tests.stages)
-    assert first[-3:] == ("-m", "cuda", "tests")
+    assert first[-4:] == ("-m", "cuda", *gpu_check.CUDA_TESTS)
     assert all(path in device for path in gpu_check.DEVICE_TESTS) and all((REPO / p).is_file() for p in device[-4:])
     assert all(f"--ignore={path}" in rest for path in gpu_check.DEVICE_TESTS) and "not cuda" in rest
     assert tests.env["AIAYN_DATA"] == str(REAL_DATA)  # the tests that read the corpora run, not skip
@@ -241,3 +242,12 @@ def test_the_gpu_nox_sessions_run_the_machines_own_torch_and_install_nothing_ove
     (decorator,) = function.decorator_list
     assert {k.arg: ast.literal_eval(k.value) for k in decorator.keywords}["venv_backend"] == "none"
     assert "install" not in ast.unparse(function)  # a venv's pins would put the CPU build of torch over CUDA's
+
+
+def test_the_cuda_only_stage_names_every_file_that_holds_a_cuda_test():
+    marked = {
+        path.relative_to(REPO).as_posix()
+        for path in (REPO / "tests").rglob("test_*.py")
+        if re.search(r"^\s*@(needs_cuda|pytest\.mark\.cuda)\b|^pytestmark.*mark\.cuda", path.read_text(), re.M)
+    }
+    assert marked == set(gpu_check.CUDA_TESTS)
