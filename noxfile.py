@@ -63,7 +63,12 @@ def tests_quick(session: nox.Session) -> None:
 
 
 # The HF adapters reach into transformers internals (Marian's sinusoid table, the KV cache); the hf extra pins 4.x.
-HF_TESTS = ["tests/invariants/test_hf_adapters.py", "tests/model/test_registry.py", "tests/model/test_init.py"]
+HF_TESTS = [
+    "tests/invariants/test_hf_adapters.py",
+    "tests/invariants/test_hf_fsmt.py",
+    "tests/model/test_registry.py",
+    "tests/model/test_init.py",
+]
 
 
 @nox.session(default=False)

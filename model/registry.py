@@ -44,7 +44,7 @@ DEFAULT_SPEC = "reference"
 TAKES = ("preset", "name", "path")
 # Modules of model/ whose import registers the shipped adapters, imported only when a name is looked up (the hf
 # one imports transformers). Higher layers register their own models on import (invariants.mutants: mutant:NAME).
-ADAPTERS = ("model.adapters.reference", "model.adapters.torch_nn", "model.adapters.hf")
+ADAPTERS = ("model.adapters.reference", "model.adapters.torch_nn", "model.adapters.hf", "model.adapters.hf_fsmt")
 _FILES: dict[Path, ModuleType] = {}  # adapter files already imported, by resolved path: each is executed once
 _UNAVAILABLE: dict[str, str] = {}  # adapter module -> why it could not be imported (an optional extra missing)
 
