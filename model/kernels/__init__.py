@@ -37,9 +37,11 @@ STALE_LOCK_S = 300  # well above a build's time (docs/benchmark.md); a lock this
 
 
 def build_tag() -> str:
-    """One build per CPU (it is tuned with -march=native, and a home folder may be shared by different machines) and per
+    """One build per CPU (it is tuned with -march=native, and a home folder may be shared by different machines), per
     torch installation and version (it links against that torch: nox's sessions each have their own, and would rebuild
-    in turn). The CPU is named by /proc/cpuinfo's model and feature lines (x86: "flags", ARM: "Features")."""
+    in turn) and per checkout (two checkouts using one venv would otherwise rebuild in one folder in turn, each build
+    naming its own source paths). The CPU is named by /proc/cpuinfo's model and feature lines (x86: "flags", ARM:
+    "Features")."""
     try:
         cpu = [
             line
@@ -48,7 +50,10 @@ def build_tag() -> str:
         ][:4]
     except OSError:
         cpu = []
-    described = f"{platform.machine()} {platform.processor()} {cpu} {Path(torch.__file__).parent} {torch.__version__}"
+    described = (
+        f"{platform.machine()} {platform.processor()} {cpu} {Path(torch.__file__).parent} {torch.__version__} "
+        f"{Path(__file__).resolve().parent}"
+    )
     return hashlib.sha1(described.encode()).hexdigest()[:10]
 
 
