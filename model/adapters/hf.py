@@ -360,7 +360,7 @@ def transformer_config(hf_cfg) -> TransformerConfig:
 
 
 @register_model("hf", "a HuggingFace model saved with save_pretrained: hf:PATH", takes="path")
-def build_pretrained(path: str | None, changes: dict[str, object]) -> HFSeq2Seq:
+def build_pretrained(path: str | None, changes: dict[str, object]) -> nn.Module:
     """hf:PATH: the saved model itself, or (with config changes) a random model of its family and config."""
     if not path:
         raise ValueError("hf needs a folder: hf:PATH (written by save_pretrained) or a hub name already cached")
@@ -371,8 +371,14 @@ def build_pretrained(path: str | None, changes: dict[str, object]) -> HFSeq2Seq:
             f"{path} is neither a folder written by save_pretrained nor a hub name in the local cache "
             "(nothing is downloaded at run time: download it once, or save_pretrained to a folder)"
         ) from None
+    if hf_cfg.model_type == "fsmt":  # fairseq's WMT19 Transformer: its own adapter
+        from model.adapters.hf_fsmt import pretrained
+
+        return pretrained(path, hf_cfg, changes)
     if hf_cfg.model_type not in FAMILIES:
-        raise ValueError(f"{path} holds a {hf_cfg.model_type!r} model; the hf adapter knows {', '.join(FAMILIES)}")
+        raise ValueError(
+            f"{path} holds a {hf_cfg.model_type!r} model; the hf adapter knows {', '.join(FAMILIES)} and fsmt"
+        )
     cfg = transformer_config(hf_cfg)
     if changes:
         return random_model(hf_cfg.model_type, cfg.replace(**changes), hf_cfg.to_dict())

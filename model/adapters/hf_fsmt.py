@@ -259,3 +259,29 @@ def build_fsmt(config: TransformerConfig) -> FSMTSeq2Seq:
     linears = [m.weight for m in hf.modules() if isinstance(m, nn.Linear) and all(m.weight is not t for t in tokens)]
     initialise([*tokens, *linears], tokens, config)
     return model
+
+
+def pretrained(path: str, hf_cfg: FSMTConfig, changes: dict[str, object]) -> FSMTSeq2Seq:
+    """hf:PATH for a saved FSMT (facebook/wmt19-en-de, say): the model itself, or with config changes a random one."""
+    if hf_cfg.src_vocab_size != hf_cfg.tgt_vocab_size:
+        raise ValueError(
+            f"{path}: source and target vocabularies of {hf_cfg.src_vocab_size} and {hf_cfg.tgt_vocab_size} tokens; "
+            "the protocol has one vocab_size (ids of both languages from one vocabulary)"
+        )
+    h = hf_cfg.encoder_attention_heads
+    cfg = TransformerConfig(
+        N=hf_cfg.encoder_layers,
+        d_model=hf_cfg.d_model,
+        d_ff=hf_cfg.encoder_ffn_dim,
+        h=h,
+        d_k=hf_cfg.d_model // h,
+        d_v=hf_cfg.d_model // h,
+        P_drop=hf_cfg.dropout,
+        vocab_size=hf_cfg.src_vocab_size,
+        max_len=hf_cfg.max_position_embeddings,
+        share_embeddings=bool(hf_cfg.tie_word_embeddings),
+        pad_id=hf_cfg.pad_token_id,
+    )
+    if changes:
+        return build_fsmt(cfg.replace(**changes))
+    return FSMTSeq2Seq(FSMTForConditionalGeneration.from_pretrained(path, local_files_only=True), cfg)

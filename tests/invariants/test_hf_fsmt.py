@@ -96,3 +96,14 @@ def test_a_config_fsmt_cannot_build_is_a_one_line_error(overrides, message):
     with pytest.raises(SpecError, match=message) as info:
         load_model(f"hf-fsmt,N=2,d_model=16,d_ff=32,vocab_size=50,{overrides}")
     assert "\n" not in str(info.value)
+
+
+def test_a_saved_fsmt_loads_as_hf_path_and_computes_what_it_computed(tmp_path):
+    original = load_model(f"hf-fsmt,{SMALL}").eval()
+    original.hf.save_pretrained(tmp_path)
+    loaded = load_model(f"hf:{tmp_path}").eval()
+    assert (loaded.config.N, loaded.config.d_model, loaded.config.vocab_size) == (2, 16, 50)
+    src, tgt = torch.randint(1, 50, (2, 5)), torch.randint(1, 50, (2, 4))
+    pads = torch.zeros(2, 5, dtype=torch.bool), torch.zeros(2, 4, dtype=torch.bool)
+    assert torch.equal(loaded(src, tgt, *pads), original(src, tgt, *pads))
+    assert pe_exact_values(f"hf:{tmp_path}", settings=few(1)).verdict == FAIL  # fairseq's table, as saved
