@@ -42,7 +42,6 @@ from ablations.bench.gpu_check_report import (
     epoch,
     runner_lines,
     records,
-    runs_copy,
     tail,
     targets,
     tests_lines,
@@ -52,7 +51,6 @@ from ablations.bench.gpu_parts import Outcome, Part, Stage, become_subreaper, ru
 from ablations.bench.report import SHOWN_AS, machine, shown_args
 from ablations.data.corpora import data_dir
 from ablations.grid.runner import describe_device
-from ablations.runs import folder as R
 from ablations.runs.options import FORESEEN, OneLineParser, failed, resolve_device
 from ablations.training.peaks import peak
 from ablations.training.stopping import stops_cleanly
@@ -167,28 +165,26 @@ def plan(o: CheckOptions) -> list[Part]:
     return [part for part in parts if part.name in o.parts]
 
 
+def run_folder(name: str, o: CheckOptions) -> Path | None:
+    """The run folder a runner part (`runner`, `torchrun`) trained in this check's work folder; None before it did."""
+    budget, row = runner_budget(o) if name == "runner" else RUNNER[name]
+    found = sorted((o.work / "runs" / budget).glob(f"{row}-s1-*"))
+    return found[-1] if found else None
+
+
 def measured(part: Part, o: CheckOptions, outcome: Outcome) -> list[str]:
     """The part's figures, read from what it wrote in this run; a part that wrote nothing readable says so."""
     if part.name == "bench":
         return bench_lines(o.out / f"{BENCH}.json", epoch(outcome.started))
     if part.name in RUNNER:
-        budget, row = runner_budget(o) if part.name == "runner" else RUNNER[part.name]
-        found = sorted((o.work / "runs" / budget).glob(f"{row}-s1-*"))
-        copy = runs_copy(o.work, budget, row)
-        if found:  # the records (not the checkpoints), which gpu-check.json carries back from a GPU machine
-            copy.mkdir(parents=True, exist_ok=True)
-            for name in (R.CONFIG, R.METRICS, R.FINAL):
-                if (found[-1] / name).is_file():
-                    shutil.copy2(found[-1] / name, copy / name)
-        return runner_lines(copy if found else None)
+        return runner_lines(run_folder(part.name, o))
     return tests_lines(o.out / "logs" / f"{part.name}.log")
 
 
 def carried(part: Part, o: CheckOptions) -> dict:
-    """The run records of a runner part, for gpu-check.json; {} for the other parts."""
-    if part.name not in RUNNER:
-        return {}
-    return records(runs_copy(o.work, *(runner_budget(o) if part.name == "runner" else RUNNER[part.name])))
+    """The run records of a runner part (not its checkpoints), which gpu-check.json carries back; {} for the others."""
+    folder = run_folder(part.name, o) if part.name in RUNNER else None
+    return records(folder) if folder else {}
 
 
 def check(o: CheckOptions, parts: list[Part], meta: dict) -> list[Outcome]:
@@ -215,7 +211,8 @@ def check(o: CheckOptions, parts: list[Part], meta: dict) -> list[Outcome]:
             outcomes.append(outcome)
             tqdm.write(f"{part.name}: {outcome.result} ({outcome.seconds:.0f} s)", file=sys.stderr)
             done = {p.name: x for p, x in zip(parts, outcomes)}
-            body["targets"] = targets(o.out, o.work, done, runner_budget(o), o.quick)
+            runner = run_folder("runner", o) if "runner" in done else None
+            body["targets"] = targets(o.out, done, runner, o.quick)
             write_report(meta, parts, outcomes, body, o.work, kept)
     return outcomes
 

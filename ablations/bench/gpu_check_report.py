@@ -37,12 +37,6 @@ def fresh_json(path: Path, since: float) -> dict | None:
         return None
 
 
-def runs_copy(work: Path, budget: str, row_name: str) -> Path:
-    """Where the check keeps a copy of a part's run records (metrics.jsonl, final.json, config.json); gpu-check.json
-    carries them too (a GPU machine returns few files)."""
-    return work / "records" / f"{budget}-{row_name}"
-
-
 def records(folder: Path) -> dict:
     """A run's records as gpu-check.json carries them: config and final as read, metrics as a list of its lines."""
     if not folder.is_dir():
@@ -140,8 +134,8 @@ def tail(log: Path, lines: int = 15) -> str:
     return "\n".join(kept[-lines:])
 
 
-def targets(out: Path, work: Path, outcomes: dict[str, Outcome], runner: tuple[str, str], quick: bool) -> list[str]:
-    """The targets of docs/benchmark.md against what the bench and runner parts of this run wrote."""
+def targets(out: Path, outcomes: dict[str, Outcome], runner: Path | None, quick: bool) -> list[str]:
+    """The targets of docs/benchmark.md against what the bench part and the runner part's run folder hold."""
     lines = [
         "## Targets",
         "",
@@ -154,10 +148,9 @@ def targets(out: Path, work: Path, outcomes: dict[str, Outcome], runner: tuple[s
         lines += bench_targets(bench) if bench else [row("the bench's targets", "-", "-", "not measured: no report")]
     except (KeyError, TypeError):
         lines.append(row("the bench's targets", "-", "-", "not measured: its report lacks the figures"))
-    folder = runs_copy(work, *runner)
-    if "runner" not in outcomes or not folder.is_dir():
+    if runner is None or not runner.is_dir():
         return [*lines, row("the runner's targets", "-", "-", "not measured: no run folder")]
-    return [*lines, *runner_targets(R.read_metrics(folder), R.read_final(folder) or {})]
+    return [*lines, *runner_targets(R.read_metrics(runner), R.read_final(runner) or {})]
 
 
 def shown(command: tuple[str, ...], work: Path, out: Path) -> str:
