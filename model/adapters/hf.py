@@ -32,15 +32,11 @@ from model.config import TransformerConfig  # noqa: E402
 from model.init import initialise  # noqa: E402
 from model.layers import temporarily  # noqa: E402
 from model.objective import label_smoothed_loss  # noqa: E402
+from model.adapters.fairseq import fairseq_layers, fairseq_sublayer_hooks  # noqa: E402
 from model.paper_params import (  # noqa: E402
-    DecoderLayer,
-    EncoderLayer,
-    FeedForward,
     PaperParams,
     Positions,
     extras,
-    layer_norm,
-    multi_head,
     sublayer_recorder,
 )
 from model.registry import register_model  # noqa: E402
@@ -195,40 +191,10 @@ class HFSeq2Seq(nn.Module):
         }
 
     def paper_params(self) -> PaperParams:
-        """HF's weights in the paper's layout: q_proj, k_proj, v_proj, out_proj are W^Q, W^K, W^V, W^O as (out, in)
-        Linears with biases; fc1, fc2 are eq. (2)'s maps; self_attn_layer_norm, encoder_attn_layer_norm and
-        final_layer_norm follow the sub-layers; embed_positions holds the positions (BART's after `offset` rows)."""
-        h = self.config.h
-        mha = lambda a: multi_head(  # noqa: E731
-            a.q_proj.weight,
-            a.k_proj.weight,
-            a.v_proj.weight,
-            a.out_proj.weight,
-            h,
-            (a.q_proj.bias, a.k_proj.bias, a.v_proj.bias, a.out_proj.bias),
-        )
-        ffn = lambda layer: FeedForward(layer.fc1.weight.T, layer.fc1.bias, layer.fc2.weight.T, layer.fc2.bias)  # noqa: E731
+        """HF's weights in the paper's layout (fairseq_layers); embed_positions holds the positions (BART's after
+        `offset` rows)."""
         table = lambda stack: stack.embed_positions.weight[getattr(stack.embed_positions, "offset", 0) :]  # noqa: E731
-        encoder = tuple(
-            EncoderLayer(
-                mha(layer.self_attn),
-                layer_norm(layer.self_attn_layer_norm),
-                ffn(layer),
-                layer_norm(layer.final_layer_norm),
-            )
-            for layer in self.encoder.layers
-        )
-        decoder = tuple(
-            DecoderLayer(
-                mha(layer.self_attn),
-                layer_norm(layer.self_attn_layer_norm),
-                mha(layer.encoder_attn),
-                layer_norm(layer.encoder_attn_layer_norm),
-                ffn(layer),
-                layer_norm(layer.final_layer_norm),
-            )
-            for layer in self.decoder.layers
-        )
+        encoder, decoder = fairseq_layers(self.encoder.layers, self.decoder.layers, self.config.h)
         positions = Positions(self.config.pe, table(self.encoder), table(self.decoder))
         embeddings = (self.encoder.embed_tokens.weight, self.decoder.embed_tokens.weight, self.hf.lm_head.weight)
         params = PaperParams(*embeddings, positions, encoder, decoder)
@@ -239,25 +205,7 @@ class HFSeq2Seq(nn.Module):
 
     def paper_sublayers(self, src: Tensor, tgt: Tensor, src_pad: Tensor, tgt_pad: Tensor) -> dict[str, Tensor]:
         """Sub-layer outputs by forward hooks on HF's modules (attention is called with keyword arguments)."""
-        hooks: dict[str, tuple[nn.Module, str]] = {}
-        for name, stack in (("encoder", self.encoder), ("decoder", self.decoder)):
-            hooks[f"{name}.embedded"] = (stack.layers[0], "input")
-            for i, layer in enumerate(stack.layers):
-                p = f"{name}.{i}."
-                hooks |= {
-                    p + "self_attention.input": (layer.self_attn, "input"),
-                    p + "self_attention": (layer.self_attn, "output"),
-                }
-                hooks |= {p + "norm_1": (layer.self_attn_layer_norm, "output"), p + "ffn.input": (layer.fc1, "input")}
-                hooks[p + "ffn"] = (layer.fc2, "output")
-                if name == "encoder":
-                    hooks[p + "norm_2"] = (layer.final_layer_norm, "output")
-                    continue
-                a = layer.encoder_attn
-                hooks |= {p + "cross_attention.input": (a, "input"), p + "cross_attention.memory": (a, "memory")}
-                hooks |= {p + "cross_attention": (a, "output"), p + "norm_2": (layer.encoder_attn_layer_norm, "output")}
-                hooks[p + "norm_3"] = (layer.final_layer_norm, "output")
-        hooks["decoder.output"] = (self.hf.lm_head, "input")
+        hooks = fairseq_sublayer_hooks(self.encoder, self.decoder, self.hf.lm_head)
         with sublayer_recorder(hooks) as recorded:
             recorded["encoder.output"] = memory = self.encode(src, src_pad)
             recorded["logits"] = self.decode(tgt, memory, src_pad, tgt_pad)

@@ -20,23 +20,13 @@ from torch import Tensor, nn
 from transformers import FSMTConfig, FSMTForConditionalGeneration
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
+from model.adapters.fairseq import fairseq_layers, fairseq_sublayer_hooks
 from model.attention import AttentionRecord, KVCache
 from model.config import TransformerConfig
 from model.init import initialise
 from model.layers import temporarily
 from model.objective import label_smoothed_loss
-from model.paper_params import (
-    DecoderLayer,
-    EncoderLayer,
-    FeedForward,
-    MultiHead,
-    PaperParams,
-    Positions,
-    extras,
-    layer_norm,
-    multi_head,
-    sublayer_recorder,
-)
+from model.paper_params import PaperParams, Positions, extras, sublayer_recorder
 from model.registry import register_model
 
 transformers.logging.set_verbosity_error()
@@ -171,33 +161,10 @@ class FSMTSeq2Seq(nn.Module):
         return {"embeddings": embeddings, "encoder": trainable(self.encoder), "decoder": trainable(self.decoder)}
 
     def paper_params(self) -> PaperParams:
-        """q_proj, k_proj, v_proj, out_proj are W^Q, W^K, W^V, W^O (with biases), fc1, fc2 eq. (2)'s maps; the
-        positions are the rows each stack adds at positions 0.. (after padding_idx + 1 rows)."""
-        h = self.config.h
-
-        def mha(a: nn.Module) -> MultiHead:
-            linears = (a.q_proj, a.k_proj, a.v_proj, a.out_proj)
-            return multi_head(*(m.weight for m in linears), h, tuple(m.bias for m in linears))
-
-        ffn = lambda layer: FeedForward(layer.fc1.weight.T, layer.fc1.bias, layer.fc2.weight.T, layer.fc2.bias)  # noqa: E731
+        """fairseq's module names, as BART's and Marian's (model/adapters/fairseq.py); the positions are the rows each stack adds
+        at positions 0.. (after padding_idx + 1 rows)."""
         table = lambda stack: stack.embed_positions.weight[stack.embed_positions.padding_idx + 1 :]  # noqa: E731
-        encoder = tuple(
-            EncoderLayer(
-                mha(la.self_attn), layer_norm(la.self_attn_layer_norm), ffn(la), layer_norm(la.final_layer_norm)
-            )
-            for la in self.encoder.layers
-        )
-        decoder = tuple(
-            DecoderLayer(
-                mha(la.self_attn),
-                layer_norm(la.self_attn_layer_norm),
-                mha(la.encoder_attn),
-                layer_norm(la.encoder_attn_layer_norm),
-                ffn(la),
-                layer_norm(la.final_layer_norm),
-            )
-            for la in self.decoder.layers
-        )
+        encoder, decoder = fairseq_layers(self.encoder.layers, self.decoder.layers, self.config.h)
         w = self.embedding_weights()
         positions = Positions("sinusoidal", table(self.encoder), table(self.decoder))
         params = PaperParams(w["source"], w["target"], w["generator"], positions, encoder, decoder)
@@ -205,21 +172,7 @@ class FSMTSeq2Seq(nn.Module):
 
     def paper_sublayers(self, src: Tensor, tgt: Tensor, src_pad: Tensor, tgt_pad: Tensor) -> dict[str, Tensor]:
         """Sub-layer outputs by forward hooks on FSMT's modules, turned batch-first (FSMT's layers are time-first)."""
-        hooks: dict[str, tuple[nn.Module, str]] = {}
-        for name, stack in (("encoder", self.encoder), ("decoder", self.decoder)):
-            hooks[f"{name}.embedded"] = (stack.layers[0], "input")
-            for i, layer in enumerate(stack.layers):
-                p = f"{name}.{i}."
-                hooks |= {p + "self_attention.input": (layer.self_attn, "input"), p + "ffn.input": (layer.fc1, "input")}
-                hooks |= {p + "self_attention": (layer.self_attn, "output"), p + "ffn": (layer.fc2, "output")}
-                hooks[p + "norm_1"] = (layer.self_attn_layer_norm, "output")
-                hooks[p + ("norm_2" if name == "encoder" else "norm_3")] = (layer.final_layer_norm, "output")
-                if name == "decoder":
-                    a = layer.encoder_attn
-                    hooks |= {p + "cross_attention.input": (a, "input"), p + "cross_attention.memory": (a, "memory")}
-                    hooks[p + "cross_attention"] = (a, "output")
-                    hooks[p + "norm_2"] = (layer.encoder_attn_layer_norm, "output")
-        hooks["decoder.output"] = (self.decoder.output_projection, "input")
+        hooks = fairseq_sublayer_hooks(self.encoder, self.decoder, self.decoder.output_projection)
         with sublayer_recorder(hooks) as recorded:
             recorded["encoder.output"] = memory = self.encode(src, src_pad)
             recorded["logits"] = self.decode(tgt, memory, src_pad, tgt_pad)
