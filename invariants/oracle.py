@@ -208,6 +208,16 @@ def localise(model: Seq2SeqModel, o: Oracle, b: Batch) -> list[Departure] | None
             departures.append(Departure(name, error))
         return got
 
+    def self_attention(p: str, x: Tensor, attention, residual, allowed: Tensor, pad: Tensor) -> Tensor:
+        """LayerNorm(x + SelfAttention(x)) (section 3.1), each step from the model's own input to it."""
+        q = site(p + "self_attention.input", x, pad)
+        return site(p + "norm_1", residual.norm(x + site(p + "self_attention", attention(q, q, allowed), pad)), pad)
+
+    def feed_forward(p: str, x: Tensor, layer, norm: str, pad: Tensor) -> Tensor:
+        """LayerNorm(x + FFN(x)) (eq. 2 in section 3.1's sub-layer connection)."""
+        f = site(p + "ffn", layer.ffn(site(p + "ffn.input", x, pad)), pad)
+        return site(p + norm, layer.res_ffn.norm(x + f), pad)
+
     scale = embedding_scale(ref.config.d_model)
     src_allowed = key_padding_allowed(b.src_pad)  # the encoder's keys, and the cross-attention's: the same source
     T = b.tgt.size(1)
@@ -216,33 +226,20 @@ def localise(model: Seq2SeqModel, o: Oracle, b: Batch) -> list[Departure] | None
         use_positions(ref, o.source_positions)
     x = site("encoder.embedded", ref.pe(ref.src_embed(b.src) * scale), b.src_pad)
     for i, layer in enumerate(ref.encoder):
-        p = f"encoder.{i}."
-        q = site(p + "self_attention.input", x, b.src_pad)
-        x = site(
-            p + "norm_1",
-            layer.res_attn.norm(x + site(p + "self_attention", layer.self_attn(q, q, src_allowed), b.src_pad)),
-            b.src_pad,
-        )
-        f = site(p + "ffn", layer.ffn(site(p + "ffn.input", x, b.src_pad)), b.src_pad)
-        x = site(p + "norm_2", layer.res_ffn.norm(x + f), b.src_pad)
+        x = self_attention(f"encoder.{i}.", x, layer.self_attn, layer.res_attn, src_allowed, b.src_pad)
+        x = feed_forward(f"encoder.{i}.", x, layer, "norm_2", b.src_pad)
     memory = site("encoder.output", x, b.src_pad)
     if o.target_positions is not None:
         use_positions(ref, o.target_positions)
     y = site("decoder.embedded", ref.pe(ref.tgt_embed(b.tgt) * scale), b.tgt_pad)
     for i, layer in enumerate(ref.decoder):
         p = f"decoder.{i}."
-        q = site(p + "self_attention.input", y, b.tgt_pad)
-        y = site(
-            p + "norm_1",
-            layer.res_self.norm(y + site(p + "self_attention", layer.self_attn(q, q, self_allowed), b.tgt_pad)),
-            b.tgt_pad,
-        )
+        y = self_attention(p, y, layer.self_attn, layer.res_self, self_allowed, b.tgt_pad)
         q = site(p + "cross_attention.input", y, b.tgt_pad)
         m = site(p + "cross_attention.memory", memory, b.src_pad)
         a = site(p + "cross_attention", layer.cross_attn(q, m, src_allowed), b.tgt_pad)
         y = site(p + "norm_2", layer.res_cross.norm(y + a), b.tgt_pad)
-        f = site(p + "ffn", layer.ffn(site(p + "ffn.input", y, b.tgt_pad)), b.tgt_pad)
-        y = site(p + "norm_3", layer.res_ffn.norm(y + f), b.tgt_pad)
+        y = feed_forward(p, y, layer, "norm_3", b.tgt_pad)
     y = site("decoder.output", y, b.tgt_pad)
     site("logits", ref.generator(y), b.tgt_pad)
     return departures
