@@ -129,8 +129,9 @@ def moved(params: PaperParams, device: torch.device) -> PaperParams:
     def move(x: object) -> object:
         if isinstance(x, Tensor):
             x = x.detach()
-            if storage(x) not in copies:
-                copies[storage(x)] = x.untyped_storage().to(device=device)
+            if storage(x) not in copies:  # a fresh copy even on the same device: never the model's own memory
+                source = x.untyped_storage()
+                copies[storage(x)] = source.clone() if source.device == device else source.to(device=device)
             memory = copies[storage(x)]
             return torch.empty(0, dtype=x.dtype, device=device).set_(memory, x.storage_offset(), x.size(), x.stride())
         if isinstance(x, tuple):

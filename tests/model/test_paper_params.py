@@ -12,6 +12,7 @@ def test_a_moved_copy_keeps_every_value_and_keeps_shared_weights_shared():
     params = export_paper_params(Transformer(SMALL))
     copy = moved(params, torch.device("cpu"))
     assert params.shared() and copy.shared()  # section 3.4's one matrix stays one
+    assert storage(copy.pre_softmax) != storage(params.pre_softmax)  # a copy, not the model's own memory
     for (path, value), (_, copied) in zip(leaves(params), leaves(copy)):
         assert (value is None) == (copied is None), path
         if value is not None:
