@@ -101,7 +101,7 @@ def tests_stages(o: CheckOptions) -> tuple[Stage, ...]:
     spread = ("-n", str(workers)) if importlib.util.find_spec("xdist") and workers > 1 else ()
     ignored = tuple(f"--ignore={path}" for path in DEVICE_TESTS)
     return (
-        Stage("cuda-only", (*pytest, *spread, "-m", "cuda", *CUDA_TESTS)),  # 73 s one by one on an H200, 4 tests
+        Stage("cuda-only", (*pytest, *spread, "-m", "cuda", *CUDA_TESTS)),
         Stage("device-sensitive", (*pytest, *spread, "-m", "not cuda", *DEVICE_TESTS), min_s=20),
         Stage("the rest", (*pytest, *spread, "-m", "not cuda", *ignored, "tests"), min_s=60),
     )

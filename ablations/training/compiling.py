@@ -5,8 +5,8 @@ The model is compiled with every size symbolic from the first step (`dynamic=Tru
 With torch's default (`dynamic=None`) the first shape is compiled static and the first change of a size compiles a
 second graph. Two cases still compile again: a size of 0 or 1 (torch specialises those; a batch of one row), and
 code that branches on a size (a guard that a new size fails). Inductor's own fusion choices can branch on a size too:
-its mix-order reduction fuses two reductions only above a size, a guard that a later batch fails (seen on an H200 in
-the GPU check: a second compile at step 3), so that fusion is off. Under DDP the graph is split at its gradient buckets.
+its mix-order reduction fuses two reductions only above a size, a guard that a later batch fails (a second compile
+mid-run; docs/benchmark.md, the first GPU run), so that fusion is off. Under DDP the graph is split at its gradient buckets.
 """
 
 from __future__ import annotations
