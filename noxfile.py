@@ -14,14 +14,32 @@ logging.getLogger("nox").addFilter(lambda record: record.getMessage() != "uv bin
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 
 
+# Libraries whose declared requirements reach far beyond their model code (JoeyNMT asks for tensorboard, pylint,
+# datasets, an old protobuf; OpenNMT-py for torch<2.3 and spacy): installed without them, with what the model modules
+# import (model/adapters/joeynmt.py, model/adapters/opennmt.py).
+PEERS_NO_DEPS = [
+    "joeynmt==2.3.0",
+    "OpenNMT-py==3.5.1",
+    "importlib_metadata==8.7.0",
+    "zipp==4.1.2",
+    "subword-nmt==0.3.8",
+]
+
+
 def _install(session: nox.Session) -> None:
     session.install("-e", ".[test]")
+    session.install("--no-deps", *PEERS_NO_DEPS)
 
 
 def asks_for_hf(args: list[str]) -> bool:
     """Whether a model spec in the arguments (or $AIAYN_MODEL) names a HuggingFace model: hf-marian, hf-bart, hf:PATH."""
+    return asks_for(("hf-", "hf:"), args)
+
+
+def asks_for(prefixes: tuple[str, ...], args: list[str]) -> bool:
+    """Whether a model spec in the arguments (or $AIAYN_MODEL) starts with one of these prefixes."""
     specs = [os.environ.get("AIAYN_MODEL", ""), *(part for arg in args for part in arg.split("="))]
-    return any(spec.startswith(("hf-", "hf:")) for spec in specs)
+    return any(spec.startswith(prefixes) for spec in specs)
 
 
 @nox.session
@@ -31,6 +49,10 @@ def invariants(session: nox.Session) -> None:
     session.install(*nox.project.dependency_groups(PYPROJECT, "invariants"))
     if asks_for_hf(session.posargs):
         session.install(*PYPROJECT["project"]["optional-dependencies"]["hf"])
+    if asks_for(("x-transformers",), session.posargs):
+        session.install(*PYPROJECT["project"]["optional-dependencies"]["peers"])
+    if asks_for(("joeynmt", "opennmt"), session.posargs):
+        session.install("--no-deps", "pyyaml==6.0.4", "sentencepiece==0.2.3", *PEERS_NO_DEPS)
     session.run("python", "-m", "invariants", *session.posargs)
 
 

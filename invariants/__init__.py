@@ -25,13 +25,13 @@ from invariants.engine import NotApplicable, Property, Result
 from invariants.feedforward import ffn_nonlinear, ffn_relu
 from invariants.mutants import MUTANTS  # importing it registers mutant:NAME in the model registry
 from invariants.objective import loss_eps_zero_is_nll, loss_pad_normalisation, loss_smoothed_minimum
-from invariants.params import params_base, params_table3, params_tied_embeddings
+from invariants.params import params_base, params_table3, params_tied_embeddings, tied_embeddings_in_use
 from invariants.permutation import permutation_cross_attention, permutation_encoder, permutation_positive_control
 from invariants.positional import pe_exact_values, pe_relative_linearity, pe_unit_scale, positions_distinguished
 from invariants.residual import layer_norm_outputs, residual_paths
 from invariants.softmax import fully_padded_rows, padding_probs_zero, softmax_rows
 from invariants.subject import Subject
-from invariants.sublayer_dropout import dropout_sites, residual_dropout
+from invariants.sublayer_dropout import dropout_sites, dropout_with_positions, residual_dropout
 from invariants.suite import PROPERTIES, run_suite
 
 __all__ = [

@@ -10,24 +10,27 @@ from __future__ import annotations
 import argparse
 import ast
 import re
+import os
 import shlex
+import signal
 import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Callable
 
 from invariants import device, killmatrix, profiles, report
-from invariants.engine import ERROR, FAIL, FIXED, NOT_APPLICABLE, invocation
-from invariants.guard import DEFAULT_TIMEOUT_S
+from invariants.engine import ERROR, FAIL, FIXED, NOT_APPLICABLE, NOT_RUN, invocation
+from invariants.guard import DEFAULT_TIMEOUT_S, STOP, stop_on
 from invariants.mutants import MUTANTS
 from invariants.subject import Subject
 from invariants.suite import PROPERTIES, Interrupted, run_suite, select
 from model.files import StorageError
-from model.registry import ModelSpec, SpecError, default_spec, lookup, parse_config_overrides, parse_spec
+from model.registry import ModelSpec, SpecError, default_spec, parse_config_overrides, parse_spec
 
-DEFAULT_OUT = Path("reports/invariants")  # the models this project registers: its published reports
-USER_OUT = Path("runs/invariants")  # a user's own model (a .py file or a module): beside their runs, out of git
+DEFAULT_OUT = Path("reports/invariants")  # the published reports: the kill matrix's default, others' by --out
+USER_OUT = Path("runs/invariants")  # every model's report without --out: beside the user's runs, out of git
 # Mutants run at a small config: the matrix takes minutes instead of an hour; --mutant-overrides "" for base.
 MUTANT_OVERRIDES = "N=2,d_model=64,h=4,d_k=16,d_v=16,d_ff=128,vocab_size=1000"
 
@@ -68,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
         "--out",
         type=Path,
         default=None,
-        help=f"report folder (default: {DEFAULT_OUT} for a registered model, {USER_OUT} for your own file or module)",
+        help=f"report folder (default: {USER_OUT}; the published reports: --out {DEFAULT_OUT})",
     )
     p.add_argument(
         "--timeout",
@@ -102,6 +105,9 @@ def list_all() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    STOP.clear()
+    # Ctrl-C and SIGTERM alike: the verdicts reached are written (the handlers are put back on the way out)
+    previous = {stop: signal.signal(stop, stop_on) for stop in (signal.SIGINT, signal.SIGTERM)}
     try:
         return run(args, argv)
     except KeyboardInterrupt:
@@ -113,8 +119,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.kill_matrix
             else "no report written; run the same command again"
         )
-        print(f"stopped by SIGINT: {saved}", file=sys.stderr)
+        print(f"stopped by {STOP.get('signal', 'SIGINT')}: {saved}", file=sys.stderr)
         return 130
+    finally:
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
 
 
 def run(args: argparse.Namespace, argv: list[str] | None) -> int:
@@ -123,6 +132,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         list_all()
         return 0
     warnings.filterwarnings("ignore", message="enable_nested_tensor is True")  # torch.nn's note on odd head counts
+    here = Path.cwd()  # where the command ran: printed paths are relative to it, whatever an adapter does
     profile_name = args.profile or profiles.default_name()
     command = (invocation() + " " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
     try:
@@ -136,13 +146,13 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         if replay and len(properties) != 1:
             raise ValueError("--replay needs --only with exactly one property (the one the line came from)")
         if args.kill_matrix:
-            args.out = args.out or DEFAULT_OUT
+            args.out = (args.out or DEFAULT_OUT).resolve()
             report.writable_folder(args.out)
             return kill_matrix(args, settings, profile_name, command, str(device.resolve(args.device)))
         if args.timeout < 0:
             raise ValueError(f"--timeout {args.timeout:g}: give seconds, or 0 for no limit")
         spec = parse_spec(args.model if args.model is not None else default_spec())
-        args.out = args.out or default_out(spec)
+        args.out = (args.out or default_out(spec)).resolve()  # before the adapter is imported (it may chdir)
         report.writable_folder(args.out)
         target = str(device.resolve(args.device))
         start = time.perf_counter()
@@ -158,7 +168,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
             subject, properties, settings, args.seed, replay, True, profile_name, timeout=args.timeout or None
         )
     except Interrupted as stop:
-        partial = f"stopped by Ctrl-C after {len(stop.results)} of {len(properties)} properties"
+        partial = f"stopped by {STOP.get('signal', 'SIGINT')} after {len(stop.results)} of {len(properties)} properties"
         doc = report.document(
             str(spec),
             stop.results,
@@ -170,39 +180,68 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
             subject.breaches,
         )
         saved = save(doc, args.out)
-        print(
-            f"stopped by SIGINT: the {len(stop.results)} verdicts reached are in {saved}; the full report is untouched",
-            file=sys.stderr,
+        reached = len(stop.results)
+        printed(
+            lambda: print(
+                f"stopped by {STOP.get('signal', 'SIGINT')}: the {reached} verdicts reached are in {saved}; "
+                "the full report is untouched",
+                file=sys.stderr,
+            )
         )
         return 130
     seconds = time.perf_counter() - start
-    print(report.summary_table(results))
-    for member, why in subject.breaches.items():
-        print(f"\ncontract breach, {member}: {why}")
     doc = report.document(str(spec), results, profile_name, command, seconds, target, partial, subject.breaches)
-    try:
+    try:  # the report first: whatever happens to the printing (a closed pipe), the verdicts are kept
         json_path, md_path = report.write(doc, args.out)
+        written = f"report {shown(md_path, here)} and {shown(json_path, here)}"
     except (StorageError, OSError) as exc:
-        print(
-            f"error: the report could not be written to {args.out} ({exc}); the verdicts are in {save(doc, None)}",
-            file=sys.stderr,
+        written = (
+            f"the report could not be written to {shown(args.out, here)} ({exc}); the verdicts are in {save(doc, None)}"
         )
-        return 1
     failed = [r for r in results if r.verdict in (FAIL, ERROR)]
-    for r in failed:
-        print(f"\n{report.MARK[r.verdict]} {r.name}: {r.reason}\n  replay: {r.reproduce}")
-    for r in results:
-        if r.reason.startswith(FIXED):
-            print(f"\npass {r.name}: {r.reason}")
-    print("\n" + report.summary_line(str(spec), results, seconds, profile_name) + f"; report {md_path} and {json_path}")
+    printed(lambda: show(results, subject.breaches, spec, seconds, profile_name, written))
+    if written.startswith("the report could not"):
+        print(f"error: {written}", file=sys.stderr)
+        return 1
     skipped = [r for r in results if r.verdict == NOT_APPLICABLE]
     return 1 if failed or (args.strict and skipped) else 0
 
 
+def show(results: list, breaches: dict[str, str], spec: ModelSpec, seconds: float, profile: str, written: str) -> None:
+    """The table, each contract breach once, each failure with its replay line, and the summary."""
+    print(report.summary_table(results))
+    for member, why in breaches.items():
+        not_run = [r.name for r in results if r.reason.startswith(f"{NOT_RUN} in {member}:")]
+        print(f"\ncontract breach in {member}: {why}\n  not run: {len(not_run)} properties ({', '.join(not_run)})")
+    for r in results:
+        if r.verdict in (FAIL, ERROR) and not r.reason.startswith(NOT_RUN):
+            print(f"\n{report.MARK[r.verdict]} {r.name}: {r.reason}\n  replay: {r.reproduce}")
+        elif r.reason.startswith(FIXED):
+            print(f"\npass {r.name}: {r.reason}")
+    print("\n" + report.summary_line(str(spec), results, seconds, profile) + f"; {written}")
+
+
+def printed(write: Callable[[], None]) -> None:
+    """Run `write` (which prints); a reader that has gone (`| head`, `| grep -q`) ends the printing, not the run."""
+    try:
+        write()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
+
+
+def shown(path: Path, here: Path) -> str:
+    """A path as the user can type it from where they ran the command (`here`): relative to it when inside it."""
+    try:
+        return str(path.relative_to(here))
+    except ValueError:
+        return str(path)
+
+
 def default_out(spec: ModelSpec) -> Path:
-    """Where a report goes without --out: the published folder for a model this project registers, USER_OUT for a
-    user's own, so that it never lands among the published reports (nor replaces one of the same name)."""
-    return DEFAULT_OUT if lookup(spec.target) is not None else USER_OUT
+    """Where a report goes without --out: USER_OUT, out of git, for every model, so that a run never changes the
+    published reports; they are regenerated only by naming their folder (--out reports/invariants)."""
+    return USER_OUT
 
 
 def save(doc: dict, out: Path | None) -> str:

@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from invariants.guard import harness_stop
 from model.batch import Batch
 from model.protocol import Seq2SeqModel
 
@@ -119,7 +120,9 @@ def missing(model: Seq2SeqModel, capability: str) -> str | None:
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             probe.attempt(model, tiny_batch(model))
-    except Exception as exc:  # any failure of the member itself is the missing capability; the reason quotes it
+    except BaseException as exc:  # any failure of the member itself is the missing capability; the reason quotes it
+        if harness_stop(exc):
+            raise
         said = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
         raised = f"{type(exc).__name__}{': ' + said[:160] if said else ''}"
         return f"{probe.member} raised {raised}; to be checked here, {probe.advice} ({GUIDE})"

@@ -44,15 +44,26 @@ class Case:
     train: bool  # dropout active (with the global RNG seeded from `seed`)
     capture: bool  # attention probabilities requested (the explicit path, on which real leaks hid)
     seed: int
+    side: str = "right"  # the side the source is padded on (model.protocol.PADDING_SIDES)
 
     def make_batch(self, subject: Subject, distinct: bool = False) -> Batch:
+        cfg = subject.model(self.config).config
         return random_batch(
-            subject.model(self.config).config, self.batch, self.src_len, self.tgt_len, self.padded, self.seed, distinct
+            cfg,
+            self.batch,
+            self.src_len,
+            self.tgt_len,
+            self.padded,
+            self.seed,
+            distinct,
+            self.side if self.padded else "right",
         )
 
     def __repr__(self) -> str:
         config = format_config_overrides(self.config) or "the spec's own config"
         flags = [name for name in ("padded", "train", "capture") if getattr(self, name)]
+        if self.padded and self.side != "right":
+            flags[0] = f"padded on the {self.side}"
         return (
             f"Case({config}; B={self.batch} S={self.src_len} T={self.tgt_len}"
             f"{' ' if flags else ''}{' '.join(flags)} seed={self.seed})"
@@ -84,6 +95,7 @@ def batch_cases(
         flag(train),
         flag(capture) if can_capture else st.just(False),
         st.integers(0, 2**16),
+        st.sampled_from(subject.padding_sides),
     )
 
 
@@ -106,4 +118,8 @@ def pinned_cases(
     combos = list(itertools.product(train, capture, padded))
     if sum(len(flag) > 1 for flag in (train, capture, padded)) >= 2:
         combos = [combo for combo in combos if sum(combo) % 2 == 0]
-    return [Case(OWN_CONFIG, 2, src_len, tgt_len, p, t, c, seed) for seed, (t, c, p) in enumerate(combos)]
+    sides = subject.padding_sides
+    return [
+        Case(OWN_CONFIG, 2, src_len, tgt_len, p, t, c, seed, sides[seed % len(sides)])
+        for seed, (t, c, p) in enumerate(combos)
+    ]

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from invariants.guard import TimedOut
+from invariants.guard import TimedOut, harness_stop, member_at_fault
 from model.batch import Batch
 from model.config import TransformerConfig
 from model.protocol import CAPABILITIES
@@ -33,6 +33,7 @@ USERS: dict[str, tuple[str, ...]] = {
         "loss_smoothed_minimum",
         "loss_pad_normalisation",
         "fully_padded_rows",
+        "tied_embeddings_in_use",
     ),
     "embed": (
         "causal_jacobian",
@@ -48,14 +49,17 @@ USERS: dict[str, tuple[str, ...]] = {
         "residual_paths",
         "layer_norm_outputs",
         "residual_dropout",
+        "dropout_with_positions",
         "dropout_sites",
     ),
     "embedding_weights": (
         "params_tied_embeddings",
+        "tied_embeddings_in_use",
         "embedding_scaling",
         "residual_paths",
         "layer_norm_outputs",
         "residual_dropout",
+        "dropout_with_positions",
         "dropout_sites",
     ),
 }
@@ -202,7 +206,9 @@ def check(build: Callable[[], object]) -> dict[str, str]:
         model = build()
     except TimedOut:
         return {"build": "building the model at the spec's own config did not end within the time limit (--timeout)"}
-    except Exception as exc:  # noqa: BLE001 - whatever the factory raises is the finding, named
+    except BaseException as exc:  # noqa: BLE001 - whatever the factory raises is the finding, named (SystemExit too)
+        if harness_stop(exc):
+            raise
         return {"build": f"building the model at the spec's own config in float64 raised {_raised(exc)}"}
     breaches: dict[str, str] = {}
     for member, judge in (("config", _config), ("unsupported", _unsupported)):
@@ -229,7 +235,9 @@ def check(build: Callable[[], object]) -> dict[str, str]:
             except NotImplementedError:
                 if member in ("forward", "encode", "decode", "loss", "parameter_groups", "embedding_weights"):
                     breaches[member] = f"{member} raised NotImplementedError; every model must have it ({GUIDE})"
-            except Exception as exc:  # noqa: BLE001 - the member's own failure, named
+            except BaseException as exc:  # noqa: BLE001 - the member's own failure, named (SystemExit too)
+                if harness_stop(exc):
+                    raise
                 if member == "embed":
                     continue  # embed's failure is the target_embeddings capability's probe to report
                 breaches[member] = f"{member} raised {_raised(exc)} on a plain float64 batch of 2 sentences ({GUIDE})"
@@ -237,5 +245,7 @@ def check(build: Callable[[], object]) -> dict[str, str]:
 
 
 def _raised(exc: BaseException) -> str:
+    """What was raised, its first line, and the line of the model's own code that raised it."""
     said = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-    return f"{type(exc).__name__}{': ' + said[:200] if said else ''}"
+    where = member_at_fault(exc, innermost=True)
+    return f"{type(exc).__name__}{': ' + said[:200] if said else ''}{' in ' + where if where else ''}"

@@ -20,11 +20,20 @@ import torch
 from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 
-from invariants import profiles
+from invariants import precision, profiles
 from invariants.device import checking
-from hypothesis.errors import DidNotReproduce
+from hypothesis.errors import DidNotReproduce, Unsatisfiable, UnsatisfiedAssumption
 
-from invariants.guard import DEFAULT_TIMEOUT_S, NotApplicable, TimedOut, harness_limit, member_at_fault, time_limit
+from invariants.guard import (
+    DEFAULT_TIMEOUT_S,
+    NotApplicable,
+    Skipped,
+    TimedOut,
+    harness_limit,
+    harness_stop,
+    member_at_fault,
+    time_limit,
+)
 from invariants.subject import Factory, Subject
 from invariants.tolerances import Tolerance
 from model import kernels
@@ -32,6 +41,7 @@ from model import kernels
 PASS, FAIL, NOT_APPLICABLE, ERROR = "pass", "fail", "not_applicable", "error"
 VERDICTS = (PASS, FAIL, NOT_APPLICABLE, ERROR)
 FIXED = "fixed: the case that failed now passes"  # a replayed failure that no longer fails
+NOT_RUN = "not run: contract breach"  # a property that calls a member which breaks the protocol's contract
 
 
 def invocation() -> str:
@@ -82,6 +92,7 @@ class Property:
     needs: tuple[str, ...] = ()
     applicable: Callable[[Subject], str | None] = field(default=lambda subject: None)
     describe: Callable[[Any], str] = repr  # a case in words, for the failure message
+    precision: str = "forward"  # the part whose precision the tolerance depends on (invariants/precision.py)
 
     def __call__(
         self,
@@ -106,13 +117,14 @@ def invariant(
     needs: tuple[str, ...] = (),
     applicable: Callable[[Subject], str | None] = lambda s: None,
     describe: Callable[[Any], str] = repr,
+    precision: str = "forward",
 ) -> Callable[[Callable], Property]:
     """Turn check(subject, case) -> error into a Property named after the function; its docstring's first line describes it."""
 
     def wrap(check: Callable[[Subject, Any], float]) -> Property:
         description = (check.__doc__ or "").strip().splitlines()[0]
         return Property(
-            check.__name__, group, description, check, tolerance, pinned, cases, needs, applicable, describe
+            check.__name__, group, description, check, tolerance, pinned, cases, needs, applicable, describe, precision
         )
 
     return wrap
@@ -126,7 +138,7 @@ def suite_settings(parent: hypothesis.settings | None = None) -> hypothesis.sett
         database=None,
         print_blob=True,
         report_multiple_bugs=False,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
     )
 
 
@@ -169,8 +181,14 @@ def _run(
     result = Result(prop.name, prop.group, prop.description, PASS, None, tol.value, tol.bound, tol.reason, 0)
     breach = subject.breach(prop.name, timeout)
     if breach:
-        result.verdict, result.reason = ERROR, f"not run: the model breaks the protocol's contract: {breach}"
+        result.verdict, result.reason = ERROR, f"{NOT_RUN} in {breach}: {subject.breaches[breach]}"
         return result
+    judged_at = ""
+    if tol.below_float64 is not None:
+        downcast = subject.downcast(prop.precision)
+        tol = tol.at(downcast is not None)
+        judged_at = precision.judged_at(downcast, prop.precision)
+        result.tolerance, result.tolerance_reason = tol.value, tol.reason
     limit = harness_limit(prop.name, subject.config.vocab_size, subject.config.max_len)
     if limit:
         result.verdict, result.reason = NOT_APPLICABLE, limit
@@ -179,9 +197,15 @@ def _run(
     worst_note = [""]  # the note of the worst case, for the report
     failing: list[tuple[float, str]] = []  # (error, note) of the last case that broke the tolerance: the one reported
 
+    skipped: dict[str, str] = {}  # cases left out (a config the adapter refuses, ...) -> why
+
     def body(case: Any) -> None:
-        with torch.no_grad():  # checks that need gradients ask for them with torch.enable_grad()
-            measured = prop.check(subject, case)
+        try:
+            with torch.no_grad():  # checks that need gradients ask for them with torch.enable_grad()
+                measured = prop.check(subject, case)
+        except Skipped as exc:
+            skipped[exc.what] = exc.why
+            hypothesis.reject()
         error, note = measured if isinstance(measured, tuple) else (measured, "")
         error = float(error)
         result.examples += 1
@@ -219,7 +243,12 @@ def _run(
                 raise NotApplicable(why_not)
             if prop.cases is None:  # a fixed set of cases: nothing for hypothesis to draw
                 for case in prop.pinned(subject):
-                    body(case)
+                    try:
+                        body(case)
+                    except UnsatisfiedAssumption:  # a skipped case
+                        pass
+                if skipped and not result.examples:
+                    raise NotApplicable(f"every case was skipped: {_skips(skipped)}")
             else:
                 test = given(case=prop.cases(subject))(body)
                 for case in reversed(prop.pinned(subject)):
@@ -234,6 +263,11 @@ def _run(
         result.verdict, result.reason = NOT_APPLICABLE, str(exc)
         result.seconds = time.perf_counter() - start
         return result
+    except Unsatisfiable:  # every case was skipped
+        result.verdict = NOT_APPLICABLE
+        result.reason = f"every case was skipped: {_skips(skipped)}"
+        result.seconds = time.perf_counter() - start
+        return result
     except DidNotReproduce:  # raised only under --replay: the replayed case ran and met the tolerance
         result.reason = f"{FIXED} (replayed: {replay[1].decode()!r}; without --replay the property runs its cases)"
     except TimedOut:
@@ -242,7 +276,9 @@ def _run(
             f"timed out after {timeout:g} s (a member that never returns? the limit is --timeout); "
             f"{result.examples} cases measured by then"
         )
-    except Exception as exc:  # a violation fails; anything else raised is an error, never counted as a finding
+    except BaseException as exc:  # a violation fails; anything else raised is an error, never counted as a finding
+        if harness_stop(exc):  # Ctrl-C or SIGTERM: the suite stops (an adapter's own SystemExit does not)
+            raise
         result.verdict = FAIL if isinstance(exc, Violation) else ERROR
         hypothesis_notes = [n.strip() for n in getattr(exc, "__notes__", [])]
         blob = next(
@@ -270,8 +306,19 @@ def _run(
         result.reason = "; ".join([result.reason, *notes])
     elif worst_note[0]:
         result.reason = "; ".join([result.reason, worst_note[0]]).strip("; ")
+    if skipped and result.verdict in (PASS, FAIL):
+        result.reason = "; ".join([result.reason, f"cases skipped: {_skips(skipped)}"]).strip("; ")
+    if judged_at and result.verdict in (PASS, FAIL):
+        result.reason = "; ".join([result.reason, judged_at]).strip("; ")
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _skips(skipped: dict[str, str]) -> str:
+    """The skipped cases in words: the first three with why, and how many more."""
+    shown = [f"{what} ({why})" for what, why in list(skipped.items())[:3]]
+    more = len(skipped) - len(shown)
+    return "; ".join(shown) + (f"; and {more} more" if more else "")
 
 
 def _worse(error: float, worst: float, tol: Tolerance) -> bool:

@@ -32,8 +32,10 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import small_configs
 from invariants.engine import NotApplicable, invariant
+from invariants.guard import Skipped
 from invariants.subject import OWN_CONFIG, Overrides, Subject, random_batch, relative_error
 from model.protocol import Seq2SeqModel
+from model.registry import format_config_overrides
 
 GROUP = "8 feed-forward networks"
 EXTRA_NORMS = 2  # an embedding LayerNorm and a final LayerNorm that some correct models add
@@ -80,11 +82,19 @@ def ffn_nonlinear(subject: Subject, case: tuple[Overrides, int]) -> tuple[float,
     angles = torch.arange(points, dtype=torch.float64) * (2 * torch.pi / points)
     circle = (RADIUS * torch.stack([angles.cos(), angles.sin()], 1) @ plane)[:, None, :]
     pad = torch.zeros(points, 1, dtype=torch.bool)
-    memory = model.encode(circle, pad)
-    fixed = memory[:1].expand(points, 1, cfg.d_model)
-    logits = model.decode(circle, fixed, pad, pad)
-    encoder = affine_span_excess(memory[:, 0], encoder_bound)
-    decoder = affine_span_excess(logits[:, 0], decoder_bound)
+
+    def excesses() -> tuple[float, float]:
+        memory = model.encode(circle, pad)
+        logits = model.decode(circle, memory[:1].expand(points, 1, cfg.d_model), pad, pad)
+        return affine_span_excess(memory[:, 0], encoder_bound), affine_span_excess(logits[:, 0], decoder_bound)
+
+    encoder, decoder = excesses()
+    # At a small init (HF's 0.02) the pre-activations stay near 0, where GELU is almost linear: W1 and b1 scaled up (W2
+    # down, exact: a power of two) drive them to where the activation bends; a linear FFN stays linear either way.
+    firsts, biases, seconds = feed_forward_parts(model)
+    if not untold(model, firsts, seconds):
+        with rescaled(firsts, biases, seconds, bending_gain(firsts, cfg.d_model)):
+            encoder, decoder = (max(pair) for pair in zip((encoder, decoder), excesses()))
     flat = [
         f"{name} (at most {bound} affine dimensions)"
         for name, excess, bound in (
@@ -99,6 +109,16 @@ def ffn_nonlinear(subject: Subject, case: tuple[Overrides, int]) -> tuple[float,
         if flat
         else ""
     )
+
+
+BEND = 4.0  # ffn_nonlinear: pre-activations brought to about this size, where GELU and SiLU bend as ReLU does
+
+
+def bending_gain(firsts: list[Tensor], d_model: int) -> float:
+    """The power of two (at least 1) that brings pre-activations of a LayerNorm output (norm sqrt(d_model)) through
+    these W1 to a typical size of BEND."""
+    typical = max(w.double().std().item() for w in firsts) * math.sqrt(d_model)
+    return 2.0 ** max(0, round(math.log2(BEND / typical))) if typical > 0 else 1.0
 
 
 RESCALE = 4.0  # a power of two: c z and z / c are exact in binary floating point, so ReLU's logits repeat bit for bit
@@ -118,6 +138,28 @@ def feed_forward_parts(model: Seq2SeqModel) -> tuple[list[Tensor], list[Tensor],
         (firsts if bias else seconds).extend(matrices)
         biases.extend(bias if matrices else [])
     return firsts, biases, seconds
+
+
+def untold(model: Seq2SeqModel, firsts: list[Tensor], seconds: list[Tensor]) -> str:
+    """Why the FFNs' W1 and W2 are not told apart at this config ('' when they are): one of each per layer, 2N in all
+    (section 3.1). At d_ff = d_model, 2 d_model or 3 d_model, attention projections (W^Q, a fused K/V or QKV) have
+    an FFN matrix's shape and are counted with them."""
+    cfg = model.config
+    if len(firsts) == len(seconds) == 2 * cfg.N:
+        return ""
+    return (
+        f"at d_ff={cfg.d_ff}, d_model={cfg.d_model} the matrices with one axis of d_ff and one of d_model are "
+        f"{len(firsts)} beside a d_ff-long bias ({', '.join(named(model, firsts))}) and {len(seconds)} without "
+        f"({', '.join(named(model, seconds))}), not W1 and W2 for each of the {2 * cfg.N} FFNs; at a d_ff that is not "
+        "d_model, 2 d_model or 3 d_model (the widths of attention projections, fused or not) they are told apart"
+    )
+
+
+def named(model: Seq2SeqModel, tensors: list[Tensor]) -> list[str]:
+    """The parameter names of these tensors, at most four, for a message."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    shown = [names.get(id(t), "?") for t in tensors[:4]]
+    return shown + ([f"{len(tensors) - 4} more"] if len(tensors) > 4 else []) or ["none"]
 
 
 @contextmanager
@@ -165,12 +207,9 @@ def ffn_relu(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]
     model = subject.model(config).eval()
     cfg = model.config
     firsts, biases, seconds = feed_forward_parts(model)
-    if cfg.d_ff in (cfg.d_model, 3 * cfg.d_model) or not firsts or len(firsts) != len(seconds):
-        raise NotApplicable(
-            f"the FFNs' matrices are found as those with one axis of d_ff={cfg.d_ff} and one of d_model={cfg.d_model} "
-            f"(d_ff apart from d_model and 3 d_model, a fused attention projection's), W1 beside a bias of d_ff (b1); "
-            f"found {len(firsts)} with b1 and {len(seconds)} without"
-        )
+    why = untold(model, firsts, seconds)
+    if why:
+        raise Skipped(f"config {format_config_overrides(config) or 'the spec own'}", why)
     batch = random_batch(cfg, 2, 5, 4, True, seed)
     logits = batch.forward(model)
     moved = []

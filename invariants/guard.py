@@ -18,7 +18,7 @@ import time
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 DEFAULT_TIMEOUT_S = (
     300.0  # per property; the base model's slowest property takes seconds under ci, minutes under thorough
@@ -35,8 +35,36 @@ class NotApplicable(Exception):
     """Raised by a check that finds, while running, that it has nothing to judge on this model (say why)."""
 
 
+class Skipped(Exception):
+    """A case this property cannot judge on this model (a config the adapter refuses, matrices not told apart at it):
+    the engine leaves it out and names it in the verdict's reason; `what` says which case, `why` why."""
+
+    def __init__(self, what: str, why: str) -> None:
+        super().__init__(f"{what} ({why})")
+        self.what, self.why = what, why
+
+
 class HarnessLimit(NotApplicable):
     """The harness cannot build this property's cases on the spec's config (a vocabulary too small to sample from)."""
+
+
+STOP: dict[str, str] = {}  # "signal": the name of the signal that asked the run to stop (SIGINT, SIGTERM), once it has
+
+
+def stop_on(signum: int, frame) -> None:
+    """The handler of SIGINT and SIGTERM while the suite runs: note which, and stop as Ctrl-C does (KeyboardInterrupt),
+    so that the verdicts reached are written. A KeyboardInterrupt an adapter raises itself carries no note: it is that
+    property's error, not a stop."""
+    STOP["signal"] = signal.Signals(signum).name
+    raise KeyboardInterrupt(STOP["signal"])
+
+
+def harness_stop(exc: BaseException) -> bool:
+    """Whether exc ends the run (a time limit, or a signal the user sent) rather than being the model's doing. Where
+    stop_on is not the handler (the suite called from Python, from pytest), every KeyboardInterrupt is a stop."""
+    if isinstance(exc, TimedOut):
+        return True
+    return isinstance(exc, KeyboardInterrupt) and ("signal" in STOP or signal.getsignal(signal.SIGINT) is not stop_on)
 
 
 class TimedOut(BaseException):
@@ -67,10 +95,17 @@ def time_limit(seconds: float | None) -> Iterator[None]:
             signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3))
 
 
-def member_at_fault(exc: BaseException) -> str:
+def member_at_fault(exc: BaseException, innermost: bool = False) -> str:
     """Where in the adapter an exception came from: 'the model's forward (mine.py:42)', the first frame of the
-    traceback outside the harness and the libraries (the member the harness called), or '' when there is none."""
-    for frame in traceback.extract_tb(exc.__traceback__):
+    traceback outside the harness and the libraries (the member the harness called; with innermost, the deepest
+    such frame: the line of the model's own code that raised), or '' when there is none."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return member_frame(reversed(frames) if innermost else frames)
+
+
+def member_frame(frames: Iterable[traceback.FrameSummary]) -> str:
+    """The first of these frames that is the model's own code (not the harness's, not a library's), in words."""
+    for frame in frames:
         if not _harness(frame.filename) and not _library(frame.filename):
             return f"the model's {frame.name} ({Path(frame.filename).name}:{frame.lineno})"
     return ""

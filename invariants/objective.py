@@ -42,6 +42,7 @@ def model_at(subject: Subject, config: Overrides, eps: float) -> Seq2SeqModel:
     tol.AGREEMENT[torch.float64],
     pinned=lambda s: [(PINNED_CONFIG, 0, 1.0), (PINNED_CONFIG, 1, EXTREME)],
     cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16), st.sampled_from([1.0, 100.0, EXTREME])),
+    precision="loss",
 )
 def loss_eps_zero_is_nll(subject: Subject, case: tuple[Overrides, int, float]) -> float:
     """With eps_ls=0 the loss is the NLL averaged over non-pad tokens, finite also at logits of 1e4 (paper, section 5.4; user-observable finiteness)."""
@@ -74,6 +75,7 @@ def smoothed_targets(target: Tensor, vocab: int, eps: float, pad_id: int) -> dic
     tol.ANALYTIC,
     pinned=lambda s: [(PINNED_CONFIG, 0, 0.1)],
     cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16), st.floats(0.01, 0.5).map(lambda e: round(e, 3))),
+    precision="loss",
 )
 def loss_smoothed_minimum(subject: Subject, case: tuple[Overrides, int, float]) -> tuple[float, str]:
     """The loss is minimal where softmax(logits) is a label-smoothed target with the config's eps: zero gradient there (paper, section 5.4)."""
@@ -96,6 +98,7 @@ def loss_smoothed_minimum(subject: Subject, case: tuple[Overrides, int, float]) 
     tol.AGREEMENT[torch.float64],
     pinned=lambda s: [(PINNED_CONFIG, 0)],
     cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)),
+    precision="loss",
 )
 def loss_pad_normalisation(subject: Subject, case: tuple[Overrides, int]) -> float:
     """The loss is averaged over non-pad target tokens: appending padded positions (any logits) changes nothing (user-observable)."""

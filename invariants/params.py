@@ -78,3 +78,55 @@ def params_tied_embeddings(subject: Subject, _: None) -> float:
     """
     weights = subject.model().embedding_weights()
     return len({w.untyped_storage().data_ptr() for w in weights.values()}) - 1
+
+
+def moved(model, run, weight: torch.Tensor, row: int) -> float:
+    """How far run()'s output moves, relative to its size, when `row` of `weight` is nudged in place (then restored)."""
+    before = run()
+    with torch.no_grad():
+        weight[row] += 1.0
+        after = run()
+        weight[row] -= 1.0
+    return (after - before).abs().max().item() / max(1.0, before.abs().max().item())
+
+
+@invariant(
+    GROUP,
+    tol.COUNT,
+    pinned=lambda s: [0],
+    applicable=lambda s: None if s.config.share_embeddings else "config share_embeddings=false: nothing to tie",
+)
+def tied_embeddings_in_use(subject: Subject, seed: int) -> tuple[float, str]:
+    """After .double() and one optimiser step, the matrices embedding_weights() names are one tensor and the ones the model reads: a row nudged in each moves the encoder, the decoder's input and the logits (paper, section 3.4).
+
+    A model "tied" by copying one matrix's values into the others holds three parameters that agree at
+    initialisation and drift apart with training; an adapter that names one of them three times hides that from
+    params_tied_embeddings. Here a token absent from the batch is nudged in the pre-softmax matrix (only its logit may
+    move), and a source and a target token in the embeddings; a matrix the model does not read moves nothing.
+    Measured as the number of matrices that are not one tensor or not read.
+    """
+    model = subject.fresh({"vocab_size": 50, "max_len": 16} if subject.config.vocab_size > 50 else {}).eval()
+    cfg = model.config
+    gen = torch.Generator().manual_seed(seed)
+    src, tgt = (torch.randint(0, cfg.vocab_size // 2, (2, 5), generator=gen) for _ in range(2))
+    src, tgt = src + (src >= cfg.pad_id).long(), tgt + (tgt >= cfg.pad_id).long()  # never pad_id
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torch.enable_grad():
+        model.loss(model(src, tgt, pad, pad), tgt).backward()
+    optimiser.step()
+    weights = model.embedding_weights()
+    absent = next(t for t in range(cfg.vocab_size - 1, -1, -1) if t != cfg.pad_id and not (tgt == t).any())
+    reads = {
+        "source": moved(model, lambda: model.encode(src, pad), weights["source"], int(src[0, 0])),
+        "target": moved(model, lambda: model(src, tgt, pad, pad), weights["target"], int(tgt[0, 0])),
+        "generator": moved(model, lambda: model(src, tgt, pad, pad)[..., absent], weights["generator"], absent),
+    }
+    unread = [name for name, effect in reads.items() if effect == 0.0]
+    storages = len({w.untyped_storage().data_ptr() for w in weights.values()}) - 1
+    notes = (
+        [f"the {', '.join(unread)} matrix named by embedding_weights() is not what the model reads"] if unread else []
+    )
+    if storages:
+        notes.append("the three matrices are not one tensor after .double() and an optimiser step")
+    return len(unread) + storages, "; ".join(notes)

@@ -18,13 +18,25 @@ from model.batch import Batch
 GROUP = "2 permutation"
 
 
-def permuted(case: Case, batch: Batch) -> tuple[torch.Tensor, Batch]:
-    """A random non-identity permutation of the source positions (when S > 1) and the batch with it applied."""
+def permuted(case: Case, batch: Batch, within_tokens: bool) -> tuple[torch.Tensor, Batch]:
+    """A random non-identity permutation of the source positions (when S > 1), (B, S) row by row, and the batch with
+    it applied. With within_tokens (a model that supports one padding side) each row's tokens change places among
+    themselves and its padding stays where it is; else the padding moves too, into the middle of a row."""
     gen = torch.Generator().manual_seed(case.seed)
     perm = torch.randperm(case.src_len, generator=gen)
     if case.src_len > 1 and torch.equal(perm, torch.arange(case.src_len)):
         perm = perm.roll(1)
-    return perm, Batch(batch.src[:, perm], batch.tgt, batch.src_pad[:, perm], batch.tgt_pad)
+    rows = perm.expand(batch.src.size(0), -1).clone()
+    if within_tokens:
+        for row, pad in zip(rows, batch.src_pad):
+            real = (~pad).nonzero().squeeze(1)
+            order = torch.randperm(real.numel(), generator=gen)
+            if real.numel() > 1 and torch.equal(order, torch.arange(real.numel())):
+                order = order.roll(1)
+            row.copy_(torch.arange(case.src_len))
+            row[real] = real[order]
+    take = lambda x: x.gather(1, rows)  # noqa: E731
+    return rows, Batch(take(batch.src), batch.tgt, take(batch.src_pad), batch.tgt_pad)
 
 
 def encoder_deviation(subject: Subject, case: Case) -> float:
@@ -34,12 +46,12 @@ def encoder_deviation(subject: Subject, case: Case) -> float:
     nested-tensor fast path zeroes them only when the padding is a suffix.
     """
     model, batch = subject.model(case.config), case.make_batch(subject, distinct=True)
-    perm, other = permuted(case, batch)
+    rows, other = permuted(case, batch, len(subject.padding_sides) == 1)
     model.eval()
     keep = ~other.src_pad
-    return relative_error(
-        model.encode(other.src, other.src_pad)[keep], model.encode(batch.src, batch.src_pad)[:, perm][keep]
-    )
+    encoded = model.encode(batch.src, batch.src_pad)
+    moved = encoded.gather(1, rows[..., None].expand(-1, -1, encoded.size(-1)))
+    return relative_error(model.encode(other.src, other.src_pad)[keep], moved[keep])
 
 
 def without_pe_cases(subject: Subject):
@@ -61,7 +73,7 @@ def permutation_encoder(subject: Subject, case: Case) -> float:
 def permutation_cross_attention(subject: Subject, case: Case) -> float:
     """With positional encoding off, permuting the source leaves the decoder's logits unchanged (paper, sections 3.2.3 and 3.5)."""
     model, batch = subject.model(case.config), case.make_batch(subject, distinct=True)
-    _, other = permuted(case, batch)
+    _, other = permuted(case, batch, len(subject.padding_sides) == 1)
     model.eval()
     with model.positional_encoding(False):
         return relative_error(other.forward(model), batch.forward(model))

@@ -32,12 +32,14 @@ SCALES = (1e6, 1e10)  # input embedding sizes: constants of O(1) move a normalis
 
 
 def normalisation_parameters(model: Seq2SeqModel) -> list[tuple[Parameter, str]]:
-    """(parameter, its name in its module) of every normalisation: a module without submodules whose class name says
-    Norm (LayerNorm, RMSNorm, ...; a block class named PreNormLayer holds sub-layers, and is none)."""
+    """(parameter, its name in its module) of every normalisation: a module whose class name says Norm (LayerNorm,
+    RMSNorm, ...) and whose submodules, if any, hold no parameters (a gain kept beside a parameter-free torch LayerNorm,
+    as x-transformers does); a block class named PreNormLayer holds sub-layers with weights, and is none."""
     return [
         (p, name)
         for module in model.modules()
-        if "norm" in type(module).__name__.lower() and next(module.children(), None) is None
+        if "norm" in type(module).__name__.lower()
+        and not any(True for child in module.children() for _ in child.parameters())
         for name, p in module.named_parameters()
     ]
 

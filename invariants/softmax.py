@@ -105,11 +105,13 @@ def describe_scaled(case_scale: tuple[Case, float]) -> str:
     return f"{case!r} with the decoder's input embeddings times {scale:g}"
 
 
-def captured(model: Seq2SeqModel, batch: Batch, case: Case, scale: float = 1.0) -> list:
-    """Attention records of one forward pass; the decoder input embeddings are multiplied by scale."""
+def captured(model: Seq2SeqModel, batch: Batch, case: Case, scale: float = 1.0, source_scale: float = 1.0) -> list:
+    """Attention records of one forward pass; the decoder input embeddings are multiplied by scale, and the source's
+    (fed as embeddings, embed() of its ids) by source_scale where that is not 1."""
     model.train(case.train)
     with seeded(case.seed), model.attention_probs() as records:
-        memory = model.encode(batch.src, batch.src_pad)
+        source = batch.src if source_scale == 1.0 else model.embed(batch.src) * source_scale
+        memory = model.encode(source, batch.src_pad)
         model.decode(model.embed(batch.tgt) * scale, memory, batch.src_pad, batch.tgt_pad)
     if not records:
         raise ValueError("attention_probs() captured no attention records")
@@ -156,20 +158,32 @@ def softmax_rows(subject: Subject, case_scale: tuple[Case, float]) -> float | tu
     return (worst, where) if tol.ROW_SUM[torch.float32].violated(worst) else worst
 
 
+def describe_loud(case_scale: tuple[Case, float]) -> str:
+    """padding_probs_zero's case in words: the batch, and the factor on the input embeddings."""
+    case, scale = case_scale
+    return f"{case!r} with the input embeddings times {scale:g}" if scale != 1.0 else repr(case)
+
+
 @invariant(
     GROUP,
     tol.EXACT,
-    pinned=lambda s: pinned_cases(s, capture=(True,), padded=(True,)),
-    cases=lambda s: batch_cases(s, capture=True, padded=True),
+    pinned=lambda s: list(zip(pinned_cases(s, capture=(True,), padded=(True,)), (1.0, EXTREME))),
+    cases=lambda s: st.tuples(batch_cases(s, capture=True, padded=True), st.sampled_from([1.0, EXTREME])),
     needs=("attention_probs", "target_embeddings"),
+    describe=describe_loud,
 )
-def padding_probs_zero(subject: Subject, case: Case) -> float | tuple[float, str]:
-    """Every non-pad query puts exactly 0 probability on padded keys, in encoder, decoder and cross-attention (paper, section 3.2.3: masking).
+def padding_probs_zero(subject: Subject, case_scale: tuple[Case, float]) -> float | tuple[float, str]:
+    """Every non-pad query puts exactly 0 probability on padded keys, in encoder, decoder and cross-attention, also where scores reach 1e8 (paper, section 3.2.3: masking).
 
     Rows of padded queries are free (nothing reads them); rows with no visible key are fully_padded_rows' matter.
+    Input embeddings times EXTREME (the source's too, where the model takes source embeddings) make the first layer's
+    scores ~1e8: a mask that subtracts a finite constant (-1e4, as float16 code does) then leaves weight on a
+    padded key, which the dtype's lowest value or -inf never does.
     """
+    case, scale = case_scale
     model, batch = subject.model(case.config), case.make_batch(subject)
-    records = captured(model, batch, case)
+    source_scale = scale if scale != 1.0 and not subject.lacks("source_embeddings") else 1.0
+    records = captured(model, batch, case, scale, source_scale)
     wrong = misshapen(records, batch)
     if wrong:
         return float("inf"), wrong

@@ -14,14 +14,14 @@ from typing import Callable, Iterator, Mapping, Union
 import torch
 from torch import Tensor
 
-from invariants import capabilities, contract
+from invariants import capabilities, contract, precision
 from invariants.device import placed, resolve
-from invariants.guard import HarnessLimit, TimedOut, time_limit
+from invariants.guard import HarnessLimit, Skipped, TimedOut, harness_stop, time_limit
 from model.batch import Batch
 from model.config import TransformerConfig
 from model.table3 import preset
-from model.protocol import Seq2SeqModel
-from model.registry import ModelSpec, SpecError, load_model, parse_spec
+from model.protocol import PADDING_SIDES, Seq2SeqModel
+from model.registry import ModelSpec, SpecError, format_config_overrides, load_model, parse_spec
 
 Factory = Callable[[TransformerConfig], Seq2SeqModel]
 Overrides = Mapping[str, object]  # config fields set on top of the spec's own config
@@ -35,6 +35,13 @@ def seeded(seed: int) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
+
+
+class Refused(Skipped):
+    """The adapter would not build the model at a drawn config (config overrides, what it said): a case to skip."""
+
+    def __init__(self, overrides: Overrides, said: str) -> None:
+        super().__init__(f"config {format_config_overrides(overrides)}", f"the model refuses it: {said}")
 
 
 class Subject:
@@ -54,19 +61,27 @@ class Subject:
         try:
             with torch.device("meta"):  # validates the spec without allocating weights
                 first = self.build(OWN_CONFIG)
-        except Exception:  # some adapters cannot be built on meta; a bad spec raises SpecError here
+        except BaseException as exc:  # some adapters cannot be built on meta; a bad spec raises SpecError here
+            if harness_stop(exc):
+                raise
             try:
                 first = self.model(OWN_CONFIG, torch.float32)
             except SpecError:
                 raise
-            except Exception:  # noqa: BLE001 - the contract builds it again and names what it raised, per property
-                pass
+            except BaseException as exc:  # noqa: BLE001 - the contract builds it again and names what it raised
+                if harness_stop(exc):
+                    raise
         # What the model declares, read as the protocol has it; anything else is the contract's breach to report.
         config = getattr(first, "config", None)
         self.config: TransformerConfig = config if isinstance(config, TransformerConfig) else self._fallback_config()
         declared = getattr(first, "unsupported", None)
         self.unsupported: Mapping[str, str] = dict(declared) if isinstance(declared, Mapping) else {}
+        side = getattr(first, "padding_side", None)
+        # The sides a source may be padded on: the one the model declares (model.protocol.PADDING_SIDES), else both.
+        self.padding_sides: tuple[str, ...] = (side,) if side in PADDING_SIDES else PADDING_SIDES
         self._probed: dict[str, str | None] = {}  # capability -> why a try of it failed (None: it went through)
+        self._downcasts: dict[str, precision.Downcast | None] = {}  # part -> where it first leaves float64
+        self._refused: dict[tuple, str] = {}  # drawn config overrides the adapter would not build -> what it said
 
     def _fallback_config(self) -> TransformerConfig:
         """The config the spec asks for, where the model does not say which it was built at."""
@@ -78,7 +93,7 @@ class Subject:
             return preset("base")
 
     def breach(self, prop: str, timeout: float | None = None) -> str | None:
-        """How the model breaks the protocol's contract in a member that `prop` calls, or None. The contract is checked
+        """The member `prop` calls that breaks the protocol's contract (`breaches` says how), or None. The contract is checked
         once, on the spec's own model in float64, within `timeout` seconds (invariants/contract.py)."""
         if self._breaches is None:
             try:
@@ -89,7 +104,7 @@ class Subject:
                     "build": f"building the model and one tiny batch through it did not end within {timeout:g} s "
                     "(a member that never returns? the limit is --timeout)"
                 }
-        return next((why for member, why in self._breaches.items() if contract.depends(member, prop)), None)
+        return next((member for member in self._breaches if contract.depends(member, prop)), None)
 
     @property
     def breaches(self) -> dict[str, str]:
@@ -114,8 +129,22 @@ class Subject:
                 for k in [k for k in self._models if k[0]][:32]:
                     del self._models[k]
             with seeded(INIT_SEED):
-                self._models[key] = placed(self.build(overrides).to(dtype), self.device)
+                self._models[key] = placed(self.refusable(overrides).to(dtype), self.device)
         return self._models[key]
+
+    def refusable(self, overrides: Overrides) -> Seq2SeqModel:
+        """A fresh model at these overrides; one the adapter refuses to build (a drawn config, not the spec's own) is
+        Refused, which the engine counts as a skipped case, never as a verdict on the model."""
+        if not overrides or tuple(overrides.items()) in self._refused:
+            if overrides:
+                raise Refused(overrides, self._refused[tuple(overrides.items())])
+            return self.build(overrides)
+        try:
+            return self.build(overrides)
+        except Exception as exc:  # noqa: BLE001 - any failure to build at a drawn config is the adapter's refusal
+            said = str(exc).split(": ", 1)[-1] if isinstance(exc, SpecError) else f"{type(exc).__name__}: {exc}"
+            self._refused[tuple(overrides.items())] = " ".join(said.split())[:160]
+            raise Refused(overrides, self._refused[tuple(overrides.items())]) from None
 
     def fresh(self, overrides: Overrides = OWN_CONFIG) -> Seq2SeqModel:
         """A float64 model at these overrides that a check may change: a copy of the cached one where there is one
@@ -127,7 +156,28 @@ class Subject:
             except Exception:  # an adapter holding something that cannot be copied: build it afresh
                 pass
         with seeded(INIT_SEED):
-            return placed(self.build(overrides).double(), self.device)
+            return placed(self.refusable(overrides).double(), self.device)
+
+    def downcast(self, part: str) -> precision.Downcast | None:
+        """Where the spec's own model, in float64, first computes below float64 in its `part` (precision.PARTS): its
+        forward pass, or its loss; None when it stays in float64 (or when the call raises: the contract reports that)."""
+        if part not in self._downcasts:
+            self._downcasts[part] = None
+            try:
+                model = self.model(OWN_CONFIG)
+                batch = capabilities.tiny_batch(model)
+                training = model.training
+                model.eval()
+                with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                    if part == "forward":
+                        self._downcasts[part] = precision.watch(lambda: batch.forward(model))
+                    else:
+                        logits = torch.randn(1, 2, model.config.vocab_size, dtype=torch.float64, device=self.device)
+                        self._downcasts[part] = precision.watch(lambda: model.loss(logits, batch.tgt.to(self.device)))
+                model.train(training)
+            except Exception:  # noqa: BLE001 - a model that cannot run gets its verdict from the contract
+                pass
+        return self._downcasts[part]
 
     def lacks(self, *names: str) -> str | None:
         """The reason the model lacks one of these capabilities, or None if it has them all: declared in `unsupported`,
@@ -170,12 +220,23 @@ def right_padding(batch: int, length: int, padded: bool, gen: torch.Generator) -
 
 
 def random_batch(
-    cfg: TransformerConfig, batch: int, src_len: int, tgt_len: int, padded: bool, seed: int, distinct: bool = False
+    cfg: TransformerConfig,
+    batch: int,
+    src_len: int,
+    tgt_len: int,
+    padded: bool,
+    seed: int,
+    distinct: bool = False,
+    side: str = "right",
 ) -> Batch:
-    """A random batch whose pad positions hold pad_id; row 0 is never padded."""
+    """A random batch whose pad positions hold pad_id; row 0 is never padded. The source is padded on `side`, the
+    target on the right, as decoding produces it (a left-padded target would give real queries pad keys to their left,
+    which no decoder that is fed its own output sees)."""
     gen = torch.Generator().manual_seed(seed)
     src, tgt = tokens(cfg, (batch, src_len), gen, distinct), tokens(cfg, (batch, tgt_len), gen)
     src_pad, tgt_pad = right_padding(batch, src_len, padded, gen), right_padding(batch, tgt_len, padded, gen)
+    if side == "left":
+        src, src_pad = src.flip(1), src_pad.flip(1)
     return Batch(src.masked_fill(src_pad, cfg.pad_id), tgt.masked_fill(tgt_pad, cfg.pad_id), src_pad, tgt_pad)
 
 

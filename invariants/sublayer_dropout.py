@@ -168,6 +168,56 @@ def residual_dropout(subject: Subject, case: tuple[Overrides, int]) -> tuple[flo
     )
 
 
+def positioned(subject: Subject) -> str | None:
+    """Not applicable without dropout or positions to drop."""
+    if subject.config.pe == "none":
+        return "config pe='none': no positional encoding to drop"
+    return None
+
+
+@invariant(
+    GROUP,
+    tol.DROPOUT,
+    pinned=lambda s: [(OWN_CONFIG, 0)],
+    cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)),
+    needs=("source_embeddings", "target_embeddings"),
+    applicable=positioned,
+    describe=describe_seeded,
+)
+def dropout_with_positions(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]:
+    """With every sub-layer computing 0 and token embeddings of 0, train mode moves the outputs: dropout acts on the sum of the embeddings and the positional encodings, not on the embeddings before it (paper, section 5.4).
+
+    The stacks' input is then the positional encoding alone; dropped before the positions are added, it is a mask on
+    zeros, and train mode repeats the eval outputs bit for bit. Measured: the larger relative change of encoder
+    outputs and logits between train and eval.
+    """
+    config, seed = case
+    model = without_sublayer_weights(subject, spec_config(subject, config, P_DROP), biases=True)
+    length = min(LENGTH, model.config.max_len)
+    zeros = torch.zeros(SAMPLES, length, model.config.d_model, dtype=torch.float64)
+    pad = torch.zeros(SAMPLES, length, dtype=torch.bool)
+    memory = model.encode(zeros, pad)
+    logits = model.decode(zeros, memory, pad, pad)
+    model.train()  # a fresh copy: nothing to restore
+    with seeded(seed):
+        encoder = relative(model.encode(zeros, pad), memory)
+        decoder = relative(model.decode(zeros, memory, pad, pad), logits)
+    unmoved = [name for name, change in (("encoder outputs", encoder), ("logits", decoder)) if change == 0.0]
+    return min(encoder, decoder), (
+        f"train mode leaves the {' and '.join(unmoved)} as in eval: the positional encoding is not dropped "
+        "(dropout applied to the embeddings before the positions are added?)"
+        if unmoved
+        else ""
+    )
+
+
+def relative(train: Tensor, evaluated: Tensor) -> float:
+    """max |train - eval| / max |eval|; inf where either is not finite."""
+    if not (torch.isfinite(train).all() and torch.isfinite(evaluated).all()):
+        return float("inf")
+    return (train - evaluated).abs().max().item() / max(evaluated.abs().max().item(), 1e-300)
+
+
 def signs(n: int, d_model: int, first: int = 0) -> Tensor:
     """(n,) a direction on an axis of n: +1 at coordinates first, first+1 modulo d_model, -1 at the next two, 0 elsewhere
     (first=0: u; first=4: w)."""

@@ -1,6 +1,6 @@
 """The package's optional extras, by the modules they install: the checks need only the core (torch, numpy,
-hypothesis, tabulate, tqdm); the Table 3 runner and the reports need `grid`, the HuggingFace adapters `hf`, SLURM
-fan-out `slurm`. A command whose extra is missing says which to install, in one line."""
+hypothesis, tabulate, tqdm); the Table 3 runner and the reports need `grid`, the HuggingFace adapters `hf`, the other
+libraries' adapters `peers`, SLURM fan-out `slurm`. A command whose extra is missing says which to install, in one line."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import importlib.util
 
 EXTRA_OF = {
     "transformers": "hf",
+    "x_transformers": "peers",
+    "joeynmt": "peers",
     "submitit": "slurm",
     **dict.fromkeys(("pandas", "seaborn", "matplotlib", "sacrebleu", "sentencepiece", "jinja2"), "grid"),
 }

@@ -30,6 +30,13 @@ CAPABILITIES = {
 }
 
 
+# The sides a batch may pad its source on. A model that masks from lengths (keys 0 .. length-1, as many NMT toolkits
+# do) supports one; it says which with a `padding_side` attribute ("right" or "left"), and the checks then pad only
+# that side and judge the properties that need the other, or padding inside a row, not applicable. A model that says
+# nothing is taken to honour its pad mask wherever the padding is.
+PADDING_SIDES = ("right", "left")
+
+
 @runtime_checkable
 class Seq2SeqModel(Protocol):
     """An encoder-decoder under test. See README.md, "Plugging in your model", for a worked example."""

@@ -44,7 +44,15 @@ DEFAULT_SPEC = "reference"
 TAKES = ("preset", "name", "path")
 # Modules of model/ whose import registers the shipped adapters, imported only when a name is looked up (the hf
 # one imports transformers). Higher layers register their own models on import (invariants.mutants: mutant:NAME).
-ADAPTERS = ("model.adapters.reference", "model.adapters.torch_nn", "model.adapters.hf", "model.adapters.hf_fsmt")
+ADAPTERS = (
+    "model.adapters.reference",
+    "model.adapters.torch_nn",
+    "model.adapters.hf",
+    "model.adapters.hf_fsmt",
+    "model.adapters.x_transformers",
+    "model.adapters.joeynmt",
+    "model.adapters.opennmt",
+)
 _FILES: dict[Path, ModuleType] = {}  # adapter files already imported, by resolved path: each is executed once
 _UNAVAILABLE: dict[str, str] = {}  # adapter module -> why it could not be imported (an optional extra missing)
 
@@ -85,11 +93,12 @@ def _load_adapters(until: str | None = None) -> None:
             continue
         try:
             importlib.import_module(module)
-        except ImportError as exc:
-            if exc.name not in EXTRA_OF:
-                raise
+        except ImportError as exc:  # one adapter's missing library never takes the others down
+            extra = EXTRA_OF.get(exc.name or "") or EXTRA_OF.get(module.rsplit(".", 1)[-1])
             _UNAVAILABLE[module] = (
-                f"{module} needs {exc.name}, which is not installed: pip install .[{EXTRA_OF[exc.name]}]"
+                f"{module} needs {exc.name}, which is not installed: pip install .[{extra}]"
+                if extra
+                else f"{module} could not be imported: {type(exc).__name__}: {exc}"
             )
 
 
@@ -197,7 +206,7 @@ def _import_file(path: Path, spec: ModelSpec) -> ModuleType:
     sys.modules[name] = module
     try:
         module_spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # an adapter file that calls sys.exit() on import is a bad spec too
         sys.modules.pop(name, None)
         raise SpecError(f"model spec {str(spec)!r}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
     _FILES[path.resolve()] = module
@@ -275,7 +284,7 @@ def load_model(spec: ModelSpec | str | None = None) -> Seq2SeqModel:
         _check_factory(factory, spec, cfg)
         try:
             model = factory(cfg)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise SpecError(
                 f"model spec {str(spec)!r}: factory {spec.variant} raised {type(exc).__name__}: {exc}"
             ) from exc

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from invariants.mutants import attention, embeddings, stack  # noqa: F401  (registering them fills MUTANTS, in this order)
 from invariants.mutants import blocks  # noqa: F401  (then the block wiring's)
+from invariants.mutants import subtle  # noqa: F401  (then those only a changed check sees, and the float32 control)
 from invariants.mutants.registry import MUTANTS, Mutant, register_mutant
 from model.config import TransformerConfig
 from model.registry import register_model

@@ -1,4 +1,7 @@
-"""Ctrl-C arrives while the PE table is read at length (after the contract, which reads 4 rows)."""
+"""Ctrl-C arrives while the PE table is read at length (after the contract, which reads 4 rows): a real SIGINT."""
+
+import os
+import signal
 
 from model import Transformer
 
@@ -6,7 +9,7 @@ from model import Transformer
 class Broken(Transformer):
     def positional_table(self, positions):
         if positions > 100:
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
         return super().positional_table(positions)
 
 
