@@ -260,11 +260,11 @@ def kill_matrix(args: argparse.Namespace, settings, profile_name: str, command: 
     docs = killmatrix.run_mutants(args.out, settings, profile_name, overrides, args.fresh, command, target)
     kill = killmatrix.matrix(docs, command, overrides)
     json_path, md_path = killmatrix.write(kill, args.out)
-    missed = [m for m, caught in kill["caught"].items() if not caught]
-    print(f"{len(kill['mutants']) - len(missed)} of {len(kill['mutants'])} mutants caught; {md_path} and {json_path}")
-    if missed:
-        print(f"not caught: {', '.join(missed)}")
-    return 1 if missed else 0
+    wrong = killmatrix.missed(kill)
+    print(f"{len(kill['mutants']) - len(wrong)} of {len(kill['mutants'])} as they must be; {md_path} and {json_path}")
+    if wrong:
+        print(f"not caught (or a control failed): {', '.join(wrong)}")
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

@@ -87,6 +87,8 @@ def matrix(docs: list[dict[str, Any]], command: str, overrides: Overrides = OWN_
         "properties": [p.name for p in PROPERTIES],
         "verdicts": verdicts,
         "caught": {name: any(v == FAIL for v in verdicts[name].values()) for name in names},
+        # correct variants (a float32 softmax and loss): "caught" there is a false failure, so they must pass
+        "controls": [name for name in names if MUTANTS[name].control],
         "known_bug": {name: MUTANTS[name].known_bug for name in names},
         "localised": {name: localised(doc) for name, doc in zip(names, docs)},
         "specs": {name: doc["model"] for name, doc in zip(names, docs)},
@@ -98,15 +100,17 @@ def matrix(docs: list[dict[str, Any]], command: str, overrides: Overrides = OWN_
 
 def markdown(kill: dict[str, Any]) -> str:
     props = kill["properties"]
+    controls = kill.get("controls", [])
     rows = [
         [
-            f"`{m}`" + ("" if kill["known_bug"][m] else " *"),
+            f"`{m}`" + (" (control)" if m in controls else "" if kill["known_bug"][m] else " *"),
             *(CELL[kill["verdicts"][m][p]] for p in props),
-            "yes" if kill["caught"][m] else "**NO**",
+            caught_cell(kill["caught"][m], m in controls),
             oracle_cell(kill.get("localised", {}).get(m, "-")),
         ]
         for m in kill["mutants"]
     ]
+    bugs = [m for m in kill["mutants"] if m not in controls]
     sites = kill.get("localised", {})
     changed = [m for m in kill["mutants"] if sites.get(m) is not None]
     where = f"config {kill['config']}" if kill.get("config") else "the base config (the paper's 65M model)"
@@ -114,7 +118,9 @@ def markdown(kill: dict[str, Any]) -> str:
     lines = [
         "# Kill matrix: mutants x invariants",
         "",
-        f"{sum(kill['caught'].values())} of {len(kill['mutants'])} mutants caught, at {where}. "
+        f"{sum(kill['caught'][m] for m in bugs)} of {len(bugs)} mutants caught, at {where}; "
+        f"{sum(not kill['caught'][m] for m in controls)} of {len(controls)} controls (correct variants, which must "
+        "fail nothing) pass. "
         "x = the property fails on the mutant (kills it); . = passes; - = not applicable; E = the check raised "
         f"(an error, which catches nothing). * = beyond the {sum(kill['known_bug'].values())} bugs known from real code: near misses of each "
         "property, so that every property is seen to fail on a plausible bug.",
@@ -144,6 +150,19 @@ def markdown(kill: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def caught_cell(caught: bool, control: bool) -> str:
+    """The 'caught' column: a bug must be caught; a control (a correct variant) must not be."""
+    if control:
+        return "**FALSE FAILURE**" if caught else "no (correct)"
+    return "yes" if caught else "**NO**"
+
+
+def missed(kill: dict[str, Any]) -> list[str]:
+    """Mutants no property fails, and controls some property fails: each a hole or a false verdict."""
+    controls = kill.get("controls", [])
+    return [m for m, caught in kill["caught"].items() if caught == (m in controls)]
 
 
 def oracle_cell(site: str | None) -> str:

@@ -5,9 +5,9 @@ import json
 import pytest
 from hypothesis import settings
 
-from invariants.engine import FAIL
+from invariants.engine import ERROR, FAIL
 from invariants.mutants import MUTANTS, build
-from invariants.suite import BY_NAME, PROPERTIES
+from invariants.suite import BY_NAME, PROPERTIES, run_suite
 from model import SpecError, TransformerConfig, load_model
 from tests.helpers import REPO
 
@@ -16,7 +16,30 @@ REPORTS = REPO / "reports" / "invariants"
 KILL_MATRICES = [REPORTS / "kill_matrix.json", REPORTS / "base" / "kill_matrix.json"]  # a small config, the base config
 
 
-@pytest.mark.parametrize("name", list(MUTANTS))
+CONTROLS = [name for name, mutant in MUTANTS.items() if mutant.control]
+
+
+@pytest.mark.parametrize("name", CONTROLS)
+def test_a_correct_control_fails_no_property(name):
+    results = run_suite(f"mutant:{name},{SMALL}", settings=settings(settings.default, max_examples=3))
+    assert [(r.name, r.verdict, r.reason) for r in results if r.verdict in (FAIL, ERROR)] == []
+
+
+def test_the_float32_control_is_judged_at_float32_precision_and_says_so():
+    results = {
+        r.name: r
+        for r in run_suite(
+            f"mutant:float32_softmax_and_loss,{SMALL}",
+            [BY_NAME["permutation_encoder"], BY_NAME["loss_smoothed_minimum"]],
+            settings=settings(settings.default, max_examples=3),
+        )
+    }
+    assert "forward computes below float64 (aten." in results["permutation_encoder"].reason
+    assert "gives float32" in results["permutation_encoder"].reason
+    assert results["loss_smoothed_minimum"].tolerance == 1e-4 and results["loss_smoothed_minimum"].verdict == "pass"
+
+
+@pytest.mark.parametrize("name", [name for name in MUTANTS if name not in CONTROLS])
 def test_mutant_fails_every_property_that_should_catch_it(name):
     spec = f"mutant:{name},{SMALL}"
     results = [
@@ -50,5 +73,7 @@ def test_committed_kill_matrix_covers_every_mutant_and_property_and_catches_all_
     kill = json.loads(path.read_text())
     assert kill["mutants"] == list(MUTANTS)
     assert kill["properties"] == [p.name for p in PROPERTIES]
-    assert all(any(v == FAIL for v in kill["verdicts"][m].values()) for m in kill["mutants"])
+    assert kill["controls"] == CONTROLS
+    assert all(any(v == FAIL for v in kill["verdicts"][m].values()) for m in kill["mutants"] if m not in CONTROLS)
+    assert not any(v in (FAIL, ERROR) for m in CONTROLS for v in kill["verdicts"][m].values())
     assert all(kill["verdicts"][m][p] == FAIL for m in kill["mutants"] for p in MUTANTS[m].caught_by)
