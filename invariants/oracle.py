@@ -24,35 +24,21 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from invariants import tolerances as tol
+from invariants.localise import NO_SUBLAYERS, gap, localise, note  # noqa: F401  (localise: the tests')
+from invariants.pristine import pristine
 from invariants.cases import small_configs
 from invariants.engine import invariant
-from invariants.subject import OWN_CONFIG, Overrides, Refused, Subject, random_batch, relative_error
+from invariants.subject import OWN_CONFIG, Overrides, Refused, Subject, random_batch
 from model.batch import Batch
 from model.config import TransformerConfig
-from model.layers import embedding_scale, sinusoidal_table
+from model.layers import sinusoidal_table
 from model.paper_params import PaperParams, check_shapes, load_paper_params, storage, use_positions
 from model.protocol import Seq2SeqModel
 from model.table3 import table3_rows
-from model.transformer import Transformer, causal_mask, key_padding_allowed
+from model.transformer import Transformer
 
 GROUP = "10 the paper as an oracle"
 NO_LAYOUT = "the model does not hand its weights over in the paper's layout (see docs/plugging-in.md)"
-NO_SUBLAYERS = "could not localise: the model does not expose its sub-layers (paper_sublayers, docs/plugging-in.md)"
-INPUT = "section 3.1: a sub-layer reads the previous one's output, LayerNorm(x + Sublayer(x))"
-WHERE = {  # the last part of a site's name -> the paper's equation or section
-    "embedded": "sections 3.4 and 3.5: the token embedding times sqrt(d_model) plus the positional encoding",
-    "self_attention.input": INPUT,
-    "cross_attention.input": INPUT,
-    "ffn.input": INPUT,
-    "self_attention": "eq. (1) and section 3.2.2: multi-head scaled dot-product attention",
-    "cross_attention.memory": "section 3.2.3: encoder-decoder attention takes keys and values from the encoder output",
-    "cross_attention": "eq. (1) and section 3.2.2: multi-head scaled dot-product attention over the memory",
-    "norm": "section 3.1: LayerNorm(x + Sublayer(x))",
-    "ffn": "eq. (2): FFN(x) = max(0, x W1 + b1) W2 + b2",
-    "encoder.output": "section 3.1: the encoder's output is its last layer's",
-    "decoder.output": "section 3.1: the decoder's last layer's output enters the pre-softmax linear",
-    "logits": "section 3.4: the pre-softmax linear, x times the embedding matrix transposed",
-}
 
 
 def reference_for(params: PaperParams, cfg: TransformerConfig, dtype: torch.dtype = torch.float64) -> Transformer:
@@ -66,14 +52,6 @@ def reference_for(params: PaperParams, cfg: TransformerConfig, dtype: torch.dtyp
         model.pe.fixed = sinusoidal_table(cfg.max_len, cfg.d_model).float().to(dtype)
     load_paper_params(model, params)
     return model
-
-
-def where(site: str) -> str:
-    """The paper's equation or section for a site name of model.paper_params.sites."""
-    if site in WHERE:
-        return WHERE[site]
-    tail = site.split(".", 2)[-1]
-    return WHERE["norm"] if tail.startswith("norm_") else WHERE.get(tail, WHERE.get(site.split(".")[-1], "?"))
 
 
 @dataclass(frozen=True)
@@ -148,6 +126,12 @@ def oracle_for(model: Seq2SeqModel, limit: tol.Tolerance = tol.ORACLE) -> Oracle
         reference = _REFERENCES[model] = reference_for(params, cfg)
     else:
         load_paper_params(reference, params)
+    with pristine() as patched:
+        if patched:
+            findings.append(
+                f"torch functions changed since the harness was imported: {', '.join(patched[:4])}; the paper's side "
+                "runs with the originals"
+            )
     findings += [f"the model lacks the paper's {path}" for path in params.missing()]
     if params.extras:
         findings.append(f"parameters beyond the paper: {', '.join(params.extras)}")
@@ -155,111 +139,19 @@ def oracle_for(model: Seq2SeqModel, limit: tol.Tolerance = tol.ORACLE) -> Oracle
 
 
 def paper_encode(o: Oracle, src: Tensor, src_pad: Tensor) -> Tensor:
+    """The paper's encoder output, computed with torch as it was before the adapter was imported (pristine.py)."""
     if o.source_positions is not None:
         use_positions(o.reference, o.source_positions)
-    return o.reference.encode(src, src_pad)
+    with pristine():
+        return o.reference.encode(src, src_pad)
 
 
 def paper_decode(o: Oracle, tgt: Tensor, memory: Tensor, src_pad: Tensor, tgt_pad: Tensor) -> Tensor:
+    """The paper's logits given a memory, computed with torch as it was before the adapter was imported."""
     if o.target_positions is not None:
         use_positions(o.reference, o.target_positions)
-    return o.reference.decode(tgt, memory, src_pad, tgt_pad)
-
-
-def gap(got: Tensor, expected: Tensor, pad: Tensor) -> float:
-    """relative_error over the positions that are not padding (what a pad position holds is not the paper's)."""
-    keep = ~pad.to(got.device)
-    return relative_error(got[keep].double(), expected[keep].double())
-
-
-@dataclass(frozen=True)
-class Departure:
-    """A sub-layer whose output, from the model's own input, differs from the paper's."""
-
-    site: str
-    error: float
-    detail: str = ""  # what else is wrong with it (a shape)
-
-    def __str__(self) -> str:
-        return f"{self.site} ({where(self.site)}) by {self.error:.3g}{': ' + self.detail if self.detail else ''}"
-
-
-def localise(model: Seq2SeqModel, o: Oracle, b: Batch) -> list[Departure] | None:
-    """Each sub-layer of the paper fed the model's own input to it; None when the model exposes no sub-layers."""
-    record = getattr(model, "paper_sublayers", None)
-    if not callable(record):
-        return None
-    try:
-        seen = record(b.src, b.tgt, b.src_pad, b.tgt_pad)
-    except NotImplementedError:
-        return None
-    ref, departures = o.reference, []
-
-    def site(name: str, expected: Tensor, pad: Tensor) -> Tensor:
-        got = seen.get(name)
-        if got is None:  # not exposed: the paper's value goes on
-            return expected
-        if got.shape != expected.shape:  # e.g. keys and values read from the wrong stack: the paper's goes on
-            departures.append(
-                Departure(name, float("inf"), f"shape {tuple(got.shape)}, the paper's {tuple(expected.shape)}")
-            )
-            return expected
-        error = gap(got, expected, pad)
-        if o.limit.violated(error):
-            departures.append(Departure(name, error))
-        return got
-
-    def self_attention(p: str, x: Tensor, attention, residual, allowed: Tensor, pad: Tensor) -> Tensor:
-        """LayerNorm(x + SelfAttention(x)) (section 3.1), each step from the model's own input to it."""
-        q = site(p + "self_attention.input", x, pad)
-        return site(p + "norm_1", residual.norm(x + site(p + "self_attention", attention(q, q, allowed), pad)), pad)
-
-    def feed_forward(p: str, x: Tensor, layer, norm: str, pad: Tensor) -> Tensor:
-        """LayerNorm(x + FFN(x)) (eq. 2 in section 3.1's sub-layer connection)."""
-        f = site(p + "ffn", layer.ffn(site(p + "ffn.input", x, pad)), pad)
-        return site(p + norm, layer.res_ffn.norm(x + f), pad)
-
-    scale = embedding_scale(ref.config.d_model)
-    src_allowed = key_padding_allowed(b.src_pad)  # the encoder's keys, and the cross-attention's: the same source
-    T = b.tgt.size(1)
-    self_allowed = causal_mask(T, T, 0) & key_padding_allowed(b.tgt_pad)
-    if o.source_positions is not None:
-        use_positions(ref, o.source_positions)
-    x = site("encoder.embedded", ref.pe(ref.src_embed(b.src) * scale), b.src_pad)
-    for i, layer in enumerate(ref.encoder):
-        x = self_attention(f"encoder.{i}.", x, layer.self_attn, layer.res_attn, src_allowed, b.src_pad)
-        x = feed_forward(f"encoder.{i}.", x, layer, "norm_2", b.src_pad)
-    memory = site("encoder.output", x, b.src_pad)
-    if o.target_positions is not None:
-        use_positions(ref, o.target_positions)
-    y = site("decoder.embedded", ref.pe(ref.tgt_embed(b.tgt) * scale), b.tgt_pad)
-    for i, layer in enumerate(ref.decoder):
-        p = f"decoder.{i}."
-        y = self_attention(p, y, layer.self_attn, layer.res_self, self_allowed, b.tgt_pad)
-        q = site(p + "cross_attention.input", y, b.tgt_pad)
-        m = site(p + "cross_attention.memory", memory, b.src_pad)
-        a = site(p + "cross_attention", layer.cross_attn(q, m, src_allowed), b.tgt_pad)
-        y = site(p + "norm_2", layer.res_cross.norm(y + a), b.tgt_pad)
-        y = feed_forward(p, y, layer, "norm_3", b.tgt_pad)
-    y = site("decoder.output", y, b.tgt_pad)
-    site("logits", ref.generator(y), b.tgt_pad)
-    return departures
-
-
-def note(error: float, model: Seq2SeqModel, o: Oracle, b: Batch) -> str:
-    """The localisation (on a departure) and the findings about the model's parameters, for the report."""
-    parts = []
-    if o.limit.violated(error):
-        departures = localise(model, o, b)
-        if departures is None:
-            parts.append(NO_SUBLAYERS)
-        elif departures:
-            parts.append(f"first departs at {departures[0]}")
-            if len(departures) > 1:
-                parts.append("also at " + ", ".join(f"{d.site} ({d.error:.3g})" for d in departures[1:9]))
-        else:
-            parts.append("every sub-layer agrees with the paper's on its own input: the stacks' wiring differs")
-    return "; ".join([*parts, *o.findings])
+    with pristine():
+        return o.reference.decode(tgt, memory, src_pad, tgt_pad)
 
 
 # -- the cases -------------------------------------------------------------------------------------------------

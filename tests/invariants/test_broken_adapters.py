@@ -75,6 +75,35 @@ def test_ctrl_c_saves_the_verdicts_reached_as_a_partial_report_beside_the_full_o
     assert "the 1 verdicts reached are in" in capsys.readouterr().err
 
 
+def test_sigterm_saves_the_verdicts_reached_as_ctrl_c_does_and_says_which_signal(tmp_path, capsys):
+    spec = f"{HERE / 'terminated.py'}:make,{SMALL}"
+    argv = ["--model", spec, "--only", "eval_determinism,pe_relative_linearity,params_base", "--out", str(tmp_path)]
+    assert main(argv) == 130
+    partial = json.loads((tmp_path / f"{report.slug(spec)}.partial.json").read_text())
+    assert partial["partial"].startswith("stopped by SIGTERM after 1 of 3")
+    assert capsys.readouterr().err.startswith("stopped by SIGTERM: the 1 verdicts reached are in")
+
+
+def test_an_adapters_own_keyboard_interrupt_or_sys_exit_is_its_error_and_the_run_goes_on(tmp_path, capsys):
+    for adapter in ("forward_interrupts", "forward_exits"):
+        spec = f"{HERE / adapter}.py:make,{SMALL}"
+        assert main(["--model", spec, "--only", "eval_determinism,params_base", "--out", str(tmp_path)]) == 1
+        doc = json.loads((tmp_path / f"{report.slug(spec)}.partial.json").read_text())
+        assert [p["verdict"] for p in doc["properties"]] == ["error", "pass"]
+        assert "stopped by" not in capsys.readouterr().err
+
+
+def test_a_closed_stdout_loses_no_report_and_no_exit_status(tmp_path, monkeypatch):
+    def closed(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("builtins.print", closed)
+    monkeypatch.setattr("os.dup2", lambda *args: None)  # the pipe is simulated: the real stdout stays open
+    spec = f"reference,{SMALL}"
+    assert main(["--model", spec, "--only", "params_base", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / f"{report.slug(spec)}.partial.json").read_text())["verdicts"]["pass"] == 1
+
+
 def test_a_failed_write_saves_the_verdicts_elsewhere_and_says_where(tmp_path, monkeypatch, capsys):
     real_write = report.write
 
