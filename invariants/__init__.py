@@ -4,7 +4,7 @@
     causal_future_tokens("reference")          # one property -> Result(verdict, worst_error, tolerance, ...)
     run_suite("torch-nn")                       # every property, grouped by the paper's sections
 
-`python -m invariants --model SPEC` runs the suite and writes reports/invariants/<model>.md and .json.
+`python -m invariants --model SPEC` runs the suite and writes runs/invariants/<model>.md and .json (--out to choose).
 """
 
 from invariants import shadowing  # noqa: F401  (first: a model.py or model/ hiding the harness's `model` is one line)

@@ -15,6 +15,7 @@ import shlex
 import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -267,5 +268,20 @@ def kill_matrix(args: argparse.Namespace, settings, profile_name: str, command: 
     return 1 if wrong else 0
 
 
+def exit_now(status: int) -> None:
+    """Exit with `status` once the report is written, even where an adapter left a non-daemon thread running (which
+    would keep the process alive after the verdicts are out)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        os._exit(status)
+    sys.exit(status)
+
+
+def cli() -> None:
+    """The command line's entry point (python -m invariants, aiayn-invariants)."""
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

@@ -289,14 +289,11 @@ def _run(
             ),
             "",
         )
-        falsifying = next((n for n in hypothesis_notes if n.startswith(("Falsifying", "Failing"))), "")
         where = "" if isinstance(exc, Violation) else member_at_fault(exc)
         what = str(exc) if isinstance(exc, Violation) else f"raised {type(exc).__name__}: {exc}"
         what += f" (in {where})" if where else ""
         result.reason = " ".join(what.split())[:500]
         result.reproduce = command + (f' --replay "{blob}"' if blob else "")
-        if falsifying and not isinstance(exc, Violation):
-            result.reason += " | " + " ".join(falsifying.split())[:300]
     if failing and result.verdict == FAIL:  # the failing case's own note, then the worst case's where it differs
         error, note = failing[-1]
         notes = [f"on that case: {note}"] if note else []

@@ -25,10 +25,24 @@ DEFAULT_TIMEOUT_S = (
 )
 POSITIONS = 8  # the longest sentence a pinned case samples on the spec's own config (residual_paths)
 TOKENS = POSITIONS + 1  # distinct non-pad tokens for the longest sentence, and the padding token
-NO_BATCH = ("params_base", "params_table3", "params_tied_embeddings")  # they count parameters, sampling nothing
+NO_BATCH = (
+    "params_base",
+    "params_table3",
+    "params_tied_embeddings",
+    "paper_parameters",
+)  # they count parameters, sampling nothing
 HARNESS = Path(__file__).resolve().parent  # invariants/: frames here are the harness's, not the adapter's
 MODEL = HARNESS.parent / "model"
-MODEL_HELPERS = ("batch.py", "params.py", "objective.py", "config.py", "registry.py", "protocol.py", "files.py")
+MODEL_HELPERS = (  # model/ files whose functions the harness calls on an adapter's behalf: never "the model's"
+    "batch.py",
+    "params.py",
+    "paper_params.py",
+    "objective.py",
+    "config.py",
+    "registry.py",
+    "protocol.py",
+    "files.py",
+)
 
 
 class NotApplicable(Exception):

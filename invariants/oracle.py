@@ -32,7 +32,7 @@ from invariants.subject import OWN_CONFIG, Overrides, Refused, Subject, random_b
 from model.batch import Batch
 from model.config import TransformerConfig
 from model.layers import sinusoidal_table
-from model.paper_params import PaperParams, check_shapes, load_paper_params, storage, use_positions
+from model.paper_params import PaperParams, check_shapes, leaves, load_paper_params, storage, use_positions
 from model.protocol import Seq2SeqModel
 from model.table3 import table3_rows
 from model.transformer import Transformer
@@ -117,6 +117,17 @@ def positions(
 def oracle_for(model: Seq2SeqModel, limit: tol.Tolerance = tol.ORACLE) -> Oracle:
     """The reference at the model's config with the model's current weights (float64, eval mode)."""
     params = model.paper_params()
+    if not isinstance(params, PaperParams):
+        raise ValueError(
+            f"paper_params returned a {type(params).__name__}; it must return a model.paper_params.PaperParams "
+            "(docs/plugging-in.md, the paper's layout)"
+        )
+    on_meta = [path for path, value in leaves(params) if isinstance(value, Tensor) and value.is_meta]
+    if on_meta:
+        raise ValueError(
+            f"paper_params returned tensors on the meta device, which hold no values ({', '.join(on_meta[:3])}); "
+            "return the model's own weights"
+        )
     cfg = model.config.replace(pe=params.positions.kind)
     check_shapes(params, cfg)
     observed = own_table(model, cfg) if params.positions.kind == "sinusoidal" else None
@@ -330,3 +341,20 @@ def oracle_cached_decoding(subject: Subject, case: OracleCase) -> tuple[float, s
     expected = paper_decode(o, b.tgt, memory, b.src_pad, b.tgt_pad)
     error = gap(torch.cat(steps, dim=1), expected, b.tgt_pad)
     return error, note(error, model, o, b)
+
+
+@invariant(GROUP, tol.COUNT, pinned=lambda s: [OWN_CONFIG], applicable=hands_over_weights)
+def paper_parameters(subject: Subject, config: Overrides) -> tuple[float, str]:
+    """The model holds the paper's parameters, no fewer and no more: FFN and LayerNorm biases, no pre-softmax bias, no learned scale on the positions (paper, sections 3.1-3.5).
+
+    Read from the model's own paper_params(): what the paper has and the layout leaves empty, and what the model
+    holds beyond it (`extras`); each is named. Counted: the parameters that differ. Attention biases are the one
+    choice the paper leaves open (section 3.2.2 writes projections, and libraries differ); they count neither way.
+    """
+    params = subject.model(config).paper_params()
+    if not isinstance(params, PaperParams):
+        raise ValueError(f"paper_params returned a {type(params).__name__}; it must return a PaperParams")
+    lacks, adds = params.missing(), list(params.extras)
+    notes = [f"lacks {', '.join(lacks[:6])}{' and more' if len(lacks) > 6 else ''}"] if lacks else []
+    notes += [f"adds {', '.join(adds[:6])}{' and more' if len(adds) > 6 else ''}"] if adds else []
+    return len(lacks) + len(adds), "; ".join(notes)

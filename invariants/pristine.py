@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -23,12 +24,17 @@ NAMESPACES: tuple[object, ...] = (
     torch.Tensor,
     *(cls for _, cls in inspect.getmembers(nn, inspect.isclass) if issubclass(cls, nn.Module)),
 )
+TORCH_DIR = str(Path(torch.__file__).parent)
 ORIGINAL = {(id(space), name): value for space in NAMESPACES for name, value in vars(space).items() if callable(value)}
 
 
 def _harness_own(value: object) -> bool:
-    """A wrapper the harness's own tools put there (hypothesis seeds torch's generator through one)."""
-    return str(getattr(value, "__module__", "")).startswith("hypothesis")
+    """A replacement torch or the harness's tools made themselves (torch wraps manual_seed on first use, in
+    torch/_compile.py; hypothesis seeds through a wrapper): not an adapter's change."""
+    code = getattr(value, "__code__", None)
+    return str(getattr(value, "__module__", "")).startswith(("torch", "hypothesis")) or (
+        code is not None and code.co_filename.startswith(TORCH_DIR)
+    )
 
 
 def _where(space: object) -> str:

@@ -23,7 +23,7 @@ from invariants import (
     softmax,
     sublayer_dropout,
 )
-from invariants.engine import Property, Result
+from invariants.engine import FAIL, Property, Result
 from invariants.guard import DEFAULT_TIMEOUT_S
 from invariants.subject import Factory, Subject
 
@@ -71,6 +71,7 @@ PROPERTIES: list[Property] = [
     oracle.oracle_decoder,
     oracle.oracle_logits,
     oracle.oracle_cached_decoding,
+    oracle.paper_parameters,
 ]
 BY_NAME = {p.name: p for p in PROPERTIES}
 LINE_EVERY_S = 5.0  # off a terminal, a progress line at most this often instead of a bar
@@ -137,4 +138,25 @@ def run_suite(
             results.append(prop(subject, settings=settings, seed=seed, replay=replay, profile=profile, timeout=timeout))
     except KeyboardInterrupt:
         raise Interrupted(results) from None
+    return consequences(results)
+
+
+# Checks that build on what another checks: the dropout counts assume section 3.1's post-LN blocks, with normalisations
+# that keep their gains and biases; where those fail, a failure here is likely theirs, not dropout's.
+BUILDS_ON = {
+    name: ("post_ln_order", "layer_norm_outputs", "gradients_reach_all", "residual_paths")
+    for name in ("residual_dropout", "dropout_sites", "dropout_with_positions")
+}
+
+
+def consequences(results: list[Result]) -> list[Result]:
+    """The results, each failure of a check that builds on another failing one noted as likely its consequence."""
+    failed = {r.name for r in results if r.verdict == FAIL}
+    for r in results:
+        causes = [c for c in BUILDS_ON.get(r.name, ()) if c in failed]
+        if r.verdict == FAIL and causes:
+            r.reason += (
+                f"; likely a consequence of {', '.join(causes)} failing (this check assumes what they check): "
+                "fix that first"
+            )
     return results

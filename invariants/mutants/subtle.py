@@ -124,6 +124,26 @@ class TiedByCopy(Transformer):
         return {name: self.src_embed.weight for name in ("source", "target", "generator")}
 
 
+class BiaslessFeedForward(FeedForward):
+    """FFN(x) = max(0, x W1) W2: eq. (2) without b1 and b2 (nn.Linear(..., bias=False), as some codebases write it)."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__(cfg)
+        self.w_1, self.w_2 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False), nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+
+@register_mutant(
+    "ffn_without_biases",
+    bug="feed-forward networks without the biases b1 and b2 of eq. (2)",
+    caught_by=("paper_parameters",),
+    known_bug=False,
+)
+class BiaslessModel(Transformer):
+    def __init__(self, cfg: TransformerConfig, parts: Parts = Parts()) -> None:
+        super().__init__(cfg, parts)
+        with_feed_forwards(self, lambda: BiaslessFeedForward(cfg))
+
+
 def key_mask_from_lengths(pad: Tensor) -> Tensor:
     """Keys 0 .. length-1 allowed, length the count of non-pad tokens: right for right padding only."""
     lengths = (~pad).sum(-1, keepdim=True)

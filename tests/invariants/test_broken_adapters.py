@@ -6,6 +6,8 @@ replaces a full report.
 """
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -15,7 +17,7 @@ from invariants.engine import PASS, Result
 from invariants.subject import Subject
 from invariants.suite import PROPERTIES, run_suite, select
 from model.files import StorageError
-from tests.helpers import few
+from tests.helpers import REPO, few
 from tests.invariants.broken.verdicts import HERE, ROWS, SMALL
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -91,6 +93,19 @@ def test_an_adapters_own_keyboard_interrupt_or_sys_exit_is_its_error_and_the_run
         doc = json.loads((tmp_path / f"{report.slug(spec)}.partial.json").read_text())
         assert [p["verdict"] for p in doc["properties"]] == ["error", "pass"]
         assert "stopped by" not in capsys.readouterr().err
+
+
+def test_a_thread_an_adapter_leaves_running_does_not_keep_the_finished_run_alive(tmp_path):
+    spec = f"{HERE / 'leaves_thread.py'}:make,{SMALL}"
+    run = subprocess.run(
+        [sys.executable, "-m", "invariants", "--model", spec, "--only", "params_base", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / f"{report.slug(spec)}.partial.json").exists()
 
 
 def test_a_closed_stdout_loses_no_report_and_no_exit_status(tmp_path, monkeypatch):
