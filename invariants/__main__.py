@@ -13,6 +13,7 @@ import re
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -278,9 +279,49 @@ def exit_now(status: int) -> None:
     sys.exit(status)
 
 
+CHILD = "AIAYN_INVARIANTS_STATUS"  # set in the supervised run: the file it writes its exit status to when it ends
+
+
 def cli() -> None:
-    """The command line's entry point (python -m invariants, aiayn-invariants)."""
-    exit_now(main())
+    """The command line's entry point (python -m invariants, aiayn-invariants): the checks run in a child process that
+    this one supervises, so that a model which ends the process itself (os._exit) cannot end the run with a status
+    that reads as a verdict; in the child, main() runs and its status is written down before it exits."""
+    status_file = os.environ.get(CHILD)
+    if status_file is None and os.name == "posix" and "--list" not in sys.argv[1:]:
+        exit_now(supervise(sys.argv[1:]))
+    status = main()
+    if status_file:
+        Path(status_file).write_text(str(status))
+    exit_now(status)
+
+
+def supervise(argv: list[str]) -> int:
+    """Run `python -m invariants argv` as a child and return its status; a child that ends without writing its status
+    (the model called os._exit, or a signal killed it) is an error said in one line, never a silent 0. Ctrl-C reaches
+    the child from the terminal (this process waits for its partial report); a SIGTERM sent here is passed on."""
+    with tempfile.TemporaryDirectory(prefix="aiayn-") as folder:
+        status_file = Path(folder) / "status"
+        child = subprocess.Popen(
+            [sys.executable, "-m", "invariants", *argv], env={**os.environ, CHILD: str(status_file)}
+        )
+        previous = {
+            signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+            signal.SIGTERM: signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum)),
+        }
+        try:
+            code = child.wait()
+        finally:
+            for stop, handler in previous.items():
+                signal.signal(stop, handler)
+        if status_file.exists():
+            return code
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+    print(
+        f"error: the run ended before its verdicts were written ({how}): the model ended the process itself "
+        "(os._exit?), or it was killed; no report was written",
+        file=sys.stderr,
+    )
+    return 128 - code if code < 0 else code or 1
 
 
 if __name__ == "__main__":

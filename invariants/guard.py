@@ -12,6 +12,7 @@ such, never a finding or advice aimed at the model.
 
 from __future__ import annotations
 
+import _thread
 import signal
 import threading
 import time
@@ -68,9 +69,15 @@ STOP: dict[str, str] = {}  # "signal": the name of the signal that asked the run
 def stop_on(signum: int, frame) -> None:
     """The handler of SIGINT and SIGTERM while the suite runs: note which, and stop as Ctrl-C does (KeyboardInterrupt),
     so that the verdicts reached are written. A KeyboardInterrupt an adapter raises itself carries no note: it is that
-    property's error, not a stop."""
+    property's error, not a stop. The watchdog (time_limit) comes in as a SIGINT too: then it is a time-out."""
+    if WATCHDOG.pop("fired", None):
+        raise TimedOut(WATCHDOG.pop("why", "timed out"))
     STOP["signal"] = signal.Signals(signum).name
     raise KeyboardInterrupt(STOP["signal"])
+
+
+WATCHDOG: dict[str, str] = {}  # "fired": set by the watchdog thread just before it interrupts the main thread
+WATCHDOG_GRACE_S = 30.0  # after the SIGALRM limit: time for a C call to return before the watchdog steps in
 
 
 def harness_stop(exc: BaseException) -> bool:
@@ -100,9 +107,20 @@ def time_limit(seconds: float | None) -> Iterator[None]:
     start = time.monotonic()
     previous = signal.signal(signal.SIGALRM, expire)
     outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    # A model can cancel the alarm (signal.alarm(0), SIGALRM ignored): a watchdog thread then interrupts the main
+    # thread itself, through the SIGINT handler the command line installs (stop_on), as a time-out.
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(seconds + WATCHDOG_GRACE_S) and signal.getsignal(signal.SIGINT) is stop_on:
+            WATCHDOG.update(fired="1", why=f"timed out after {seconds:g} s (the model cancelled the alarm?)")
+            _thread.interrupt_main(signal.SIGINT)
+
+    threading.Thread(target=watch, name="aiayn watchdog", daemon=True).start()
     try:
         yield
     finally:
+        done.set()
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         if outer:  # someone else's alarm: re-armed with what was left of it

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from invariants import report
+from invariants import guard, report
 from invariants.__main__ import main
 from invariants.engine import PASS, Result
 from invariants.subject import Subject
@@ -95,6 +95,16 @@ def test_an_adapters_own_keyboard_interrupt_or_sys_exit_is_its_error_and_the_run
         assert "stopped by" not in capsys.readouterr().err
 
 
+def test_a_model_that_cancels_the_time_limit_is_still_stopped_by_the_watchdog(tmp_path, monkeypatch):
+    monkeypatch.setattr(guard, "WATCHDOG_GRACE_S", 0.5)
+    spec = f"{HERE / 'cancels_alarm.py'}:make,{SMALL}"
+    argv = ["--model", spec, "--only", "pe_relative_linearity,params_base", "--timeout", "1", "--out", str(tmp_path)]
+    assert main(argv) == 1
+    doc = json.loads((tmp_path / f"{report.slug(spec)}.partial.json").read_text())
+    assert [p["verdict"] for p in doc["properties"]] == ["error", "pass"]
+    assert doc["properties"][0]["reason"].startswith("timed out after 1 s")
+
+
 def test_a_thread_an_adapter_leaves_running_does_not_keep_the_finished_run_alive(tmp_path):
     spec = f"{HERE / 'leaves_thread.py'}:make,{SMALL}"
     run = subprocess.run(
@@ -106,6 +116,19 @@ def test_a_thread_an_adapter_leaves_running_does_not_keep_the_finished_run_alive
     )
     assert run.returncode == 0, run.stderr
     assert (tmp_path / f"{report.slug(spec)}.partial.json").exists()
+
+
+def test_a_model_that_ends_the_process_itself_never_reads_as_success(tmp_path):
+    spec = f"{HERE / 'forward_os_exit.py'}:make,{SMALL}"
+    run = subprocess.run(
+        [sys.executable, "-m", "invariants", "--model", spec, "--only", "eval_determinism", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 1
+    assert run.stderr.startswith("error: the run ended before its verdicts were written (exit status 0)")
 
 
 def test_a_closed_stdout_loses_no_report_and_no_exit_status(tmp_path, monkeypatch):
