@@ -50,7 +50,13 @@ def without_sublayer_weights(subject: Subject, config: Overrides, biases: bool =
     With biases=True every other parameter of those groups is zeroed too, except the normalisations'
     (`normalisation_parameters`): each sub-layer then computes exactly 0.
     """
-    model = subject.fresh(config).eval()
+    return zero_sublayers(subject.fresh(config).eval(), biases)
+
+
+def zero_sublayers(model: Seq2SeqModel, biases: bool = False) -> Seq2SeqModel:
+    """without_sublayer_weights' zeroing, on the model as it is: called again after a mode switch, which some models
+    answer by laying their weights out anew (a per-head layout for inference), so that the weights a check measures
+    are the weights it wrote."""
     groups = model.parameter_groups()
     if not {"encoder", "decoder"} <= set(groups):
         raise NotApplicable(f"parameter_groups() names no encoder and decoder groups (it has {', '.join(groups)})")

@@ -41,7 +41,7 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import small_configs
 from invariants.engine import NotApplicable, invariant
-from invariants.residual import GROUP, normalisation_parameters, without_sublayer_weights
+from invariants.residual import GROUP, normalisation_parameters, without_sublayer_weights, zero_sublayers
 from invariants.softmax import KINDS
 from invariants.subject import OWN_CONFIG, Overrides, Subject, seeded
 from model.protocol import Seq2SeqModel
@@ -156,7 +156,7 @@ def residual_dropout(subject: Subject, case: tuple[Overrides, int]) -> tuple[flo
     pad = torch.zeros(SAMPLES, length, dtype=torch.bool)
     memory = model.encode(inputs, pad)
     logits = model.decode(inputs, memory, pad, pad)
-    model.train()  # a fresh copy: nothing to restore
+    zero_sublayers(model.train(), biases=True)  # a fresh copy: nothing to restore; written again after the switch
     with seeded(seed):
         encoder = share_as_in_eval(model.encode(inputs, pad), memory)
         decoder = share_as_in_eval(model.decode(inputs, memory, pad, pad), logits)
@@ -198,7 +198,7 @@ def dropout_with_positions(subject: Subject, case: tuple[Overrides, int]) -> tup
     pad = torch.zeros(SAMPLES, length, dtype=torch.bool)
     memory = model.encode(zeros, pad)
     logits = model.decode(zeros, memory, pad, pad)
-    model.train()  # a fresh copy: nothing to restore
+    zero_sublayers(model.train(), biases=True)  # a fresh copy: nothing to restore; written again after the switch
     with seeded(seed):
         encoder = relative(model.encode(zeros, pad), memory)
         decoder = relative(model.decode(zeros, memory, pad, pad), logits)
@@ -251,7 +251,12 @@ def proportional_sublayers(subject: Subject, config: Overrides) -> Seq2SeqModel:
     """A fresh float64 copy in which every sub-layer maps one-position sequences to multiples of u, linearly: every weight
     matrix of the encoder's and decoder's groups set to `pattern`, every other parameter there to 0, normalisations to
     a gain of NORM_GAIN."""
-    model = subject.fresh(config).eval()
+    return write_proportional(subject.fresh(config).eval())
+
+
+def write_proportional(model: Seq2SeqModel) -> Seq2SeqModel:
+    """proportional_sublayers' weights written into the model as it is: again after each mode switch, which some
+    models answer by laying their weights out anew, so that the weights measured are the weights written."""
     parameters, norms = stack_parameters(model)
     d_model, gain = model.config.d_model, math.sqrt(GROWTH / model.config.N)
     with torch.no_grad():
@@ -309,11 +314,11 @@ def dropout_sites(subject: Subject, case: tuple[Overrides, int]) -> tuple[float,
     memory = (NORM_GAIN * math.sqrt(d / 8) * direction).expand(rows, 1, d).clone()  # as a LayerNorm outputs u + w
     pad = torch.zeros(rows, 1, dtype=torch.bool)
     with model.positional_encoding(False):
-        model.train()  # a fresh copy: nothing to restore
+        write_proportional(model.train())  # a fresh copy: nothing to restore; written again after the switch
         with seeded(seed):
             encoded = model.encode(inputs, pad)
             logits = model.decode(inputs, memory, pad, pad)
-        model.eval()
+        write_proportional(model.eval())
         scale_sublayer_outputs(model, 1 / (1 - p))
         expected_encoded = model.encode(inputs[:1], pad[:1])
         expected_logits = model.decode(inputs[:1], memory[:1], pad[:1], pad[:1])
