@@ -212,19 +212,14 @@ def _run(
         if not math.isfinite(error):  # NaN or Inf meets no bound, whichever its direction
             result.worst_error, worst_note[0] = error, note
             failing[:] = [(error, note)]
-            raise Violation(
-                f"measured {error} on the failing case {prop.describe(case)}: not a finite number, which never passes"
-            )
+            raise Violation(f"measured {error}{_on(prop, case)}: not a finite number, which never passes")
         if result.worst_error is None or _worse(error, result.worst_error, tol):
             result.worst_error, worst_note[0] = error, note
         elif note and not worst_note[0] and error == result.worst_error:
             worst_note[0] = note  # an equally bad case that has something to say
         if tol.violated(error):
             failing[:] = [(error, note)]
-            raise Violation(
-                f"error {error:.3g} breaks the tolerance ({tol.bound} {tol.value:g}) on the failing case "
-                f"{prop.describe(case)}"
-            )
+            raise Violation(f"error {error:.3g} breaks the tolerance ({tol.bound} {tol.value:g}){_on(prop, case)}")
 
     settings = suite_settings(settings or profiles.profile(profiles.default_name()))
     if seed is None and not settings.derandomize:
@@ -309,6 +304,12 @@ def _run(
         result.reason = "; ".join([result.reason, judged_at]).strip("; ")
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _on(prop: Property, case: Any) -> str:
+    """' on the failing case ...' in words, or '' for a property with one fixed case (a parameter count)."""
+    described = prop.describe(case)
+    return f" on the failing case {described}" if described else ""
 
 
 def _skips(skipped: dict[str, str]) -> str:
