@@ -95,6 +95,13 @@ def test_an_adapters_own_keyboard_interrupt_or_sys_exit_is_its_error_and_the_run
         assert "stopped by" not in capsys.readouterr().err
 
 
+def command_line(*args: str) -> subprocess.CompletedProcess:
+    """`python -m invariants ARGS` in a process of its own, as a user runs it (supervised), from the repository."""
+    return subprocess.run(
+        [sys.executable, "-m", "invariants", *args], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+
+
 def test_a_model_that_cancels_the_time_limit_is_still_stopped_by_the_watchdog(tmp_path, monkeypatch):
     monkeypatch.setattr(guard, "WATCHDOG_GRACE_S", 0.5)
     spec = f"{HERE / 'cancels_alarm.py'}:make,{SMALL}"
@@ -107,26 +114,14 @@ def test_a_model_that_cancels_the_time_limit_is_still_stopped_by_the_watchdog(tm
 
 def test_a_thread_an_adapter_leaves_running_does_not_keep_the_finished_run_alive(tmp_path):
     spec = f"{HERE / 'leaves_thread.py'}:make,{SMALL}"
-    run = subprocess.run(
-        [sys.executable, "-m", "invariants", "--model", spec, "--only", "params_base", "--out", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run = command_line("--model", spec, "--only", "params_base", "--out", str(tmp_path))
     assert run.returncode == 0, run.stderr
     assert (tmp_path / f"{report.slug(spec)}.partial.json").exists()
 
 
 def test_a_model_that_ends_the_process_itself_never_reads_as_success(tmp_path):
     spec = f"{HERE / 'forward_os_exit.py'}:make,{SMALL}"
-    run = subprocess.run(
-        [sys.executable, "-m", "invariants", "--model", spec, "--only", "eval_determinism", "--out", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run = command_line("--model", spec, "--only", "eval_determinism", "--out", str(tmp_path))
     assert run.returncode == 1
     assert run.stderr.startswith("error: the run ended before its verdicts were written (exit status 0)")
 

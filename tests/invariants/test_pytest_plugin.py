@@ -66,11 +66,15 @@ def test_the_documented_project_is_green_on_the_reference_and_red_on_a_mutant(tm
     (tmp_path / "model.py").write_text(doc_block("# model.py: your model"))
     (tmp_path / "test_model.py").write_text(doc_block("# test_model.py"))
     green = pytest_in(tmp_path, "-q")
-    assert green.returncode == 0 and f"{len(PROPERTIES)} passed" in green.stdout, green.stdout[-3000:] + green.stderr[-2000:]
+    assert green.returncode == 0 and f"{len(PROPERTIES)} passed" in green.stdout, (
+        green.stdout[-3000:] + green.stderr[-2000:]
+    )
 
     (tmp_path / "model.py").write_text(doc_block("# model.py, with a bug"))
     red = pytest_in(tmp_path, "-q")
-    assert red.returncode == 1 and f"7 failed, {len(PROPERTIES) - 7} passed" in red.stdout, red.stdout[-3000:] + red.stderr[-2000:]
+    assert red.returncode == 1 and f"7 failed, {len(PROPERTIES) - 7} passed" in red.stdout, (
+        red.stdout[-3000:] + red.stderr[-2000:]
+    )
     failure = red.stdout.split(" TestMyTransformer.causal_future_tokens ")[1]
     assert re.search(r"worst error [\d.]+, tolerance <= 0 \(float64; a masked key", failure)  # measured, bound, why
     assert (
