@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import re
 import os
 import shlex
@@ -280,6 +281,11 @@ def exit_now(status: int) -> None:
 
 
 CHILD = "AIAYN_INVARIANTS_STATUS"  # set in the supervised run: the file it writes its exit status to when it ends
+PATH = "AIAYN_INVARIANTS_PATH"  # the supervisor's sys.path, which the child takes: it imports the same harness
+CHILD_CODE = (
+    "import json, os, sys; sys.path[:] = json.loads(os.environ['AIAYN_INVARIANTS_PATH']); "
+    "from invariants.__main__ import cli; cli()"
+)
 
 
 def cli() -> None:
@@ -301,9 +307,9 @@ def supervise(argv: list[str]) -> int:
     the child from the terminal (this process waits for its partial report); a SIGTERM sent here is passed on."""
     with tempfile.TemporaryDirectory(prefix="aiayn-") as folder:
         status_file = Path(folder) / "status"
-        child = subprocess.Popen(
-            [sys.executable, "-m", "invariants", *argv], env={**os.environ, CHILD: str(status_file)}
-        )
+        # python -c with the supervisor's sys.path, not -m: a user's own folder may hold a package named invariants
+        env = {**os.environ, CHILD: str(status_file), PATH: json.dumps(sys.path)}
+        child = subprocess.Popen([sys.executable, "-c", CHILD_CODE, *argv], env=env)
         previous = {
             signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
             signal.SIGTERM: signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum)),

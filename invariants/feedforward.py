@@ -209,7 +209,7 @@ def ffn_relu(subject: Subject, case: tuple[Overrides, int]) -> tuple[float, str]
     firsts, biases, seconds = feed_forward_parts(model)
     why = untold(model, firsts, seconds)
     if why:
-        raise Skipped(f"config {format_config_overrides(config) or 'the spec own'}", why)
+        raise Skipped(f"config {format_config_overrides(config)}" if config else "the spec's own config", why)
     batch = random_batch(cfg, 2, 5, 4, True, seed)
     logits = batch.forward(model)
     moved = []

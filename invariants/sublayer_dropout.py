@@ -50,6 +50,7 @@ from model.registry import format_config_overrides
 P_DROP = 0.3  # residual_dropout: both coordinates of a two-hot survive a mask with probability 0.49
 SCALE = 1e8  # of the inputs: beside them a positional encoding moves a normalised output by ~1e-8, LayerNorm's eps by 0
 SAMPLES, LENGTH = 32, 8  # residual_dropout: sequences x positions, 256 independent positions
+POSITIONED = 4  # dropout_with_positions' sequences: 32 positions, each kept whole with probability 0.7^d_model or less
 SAME = 1e-4  # relative difference counted as the eval output: LayerNorm eps shifts a rescaled input by <= 1e-5, a lost coordinate by >= 1e-2
 VOCABULARY = (
     1000  # on the spec's own config: the sites do not depend on it, and 37000 logits per position cost most of a pass
@@ -194,8 +195,8 @@ def dropout_with_positions(subject: Subject, case: tuple[Overrides, int]) -> tup
     config, seed = case
     model = without_sublayer_weights(subject, spec_config(subject, config, P_DROP), biases=True)
     length = min(LENGTH, model.config.max_len)
-    zeros = torch.zeros(SAMPLES, length, model.config.d_model, dtype=torch.float64)
-    pad = torch.zeros(SAMPLES, length, dtype=torch.bool)
+    zeros = torch.zeros(POSITIONED, length, model.config.d_model, dtype=torch.float64)
+    pad = torch.zeros(POSITIONED, length, dtype=torch.bool)
     memory = model.encode(zeros, pad)
     logits = model.decode(zeros, memory, pad, pad)
     zero_sublayers(model.train(), biases=True)  # a fresh copy: nothing to restore; written again after the switch

@@ -9,7 +9,6 @@ import importlib.util
 EXTRA_OF = {
     "transformers": "hf",
     "x_transformers": "peers",
-    "joeynmt": "peers",
     "submitit": "slurm",
     **dict.fromkeys(("pandas", "seaborn", "matplotlib", "sacrebleu", "sentencepiece", "jinja2"), "grid"),
 }

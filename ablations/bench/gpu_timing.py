@@ -57,7 +57,7 @@ class Deadline:
     """An optional limit in seconds from `start` (when the data is ready: reading it is timed apart)."""
 
     limit_s: float | None
-    start: float = field(default_factory=time.perf_counter)
+    start: float = field(default_factory=lambda: time.perf_counter())  # looked up when made (a fake clock in tests)
 
     def past(self) -> bool:
         return self.left() < 0

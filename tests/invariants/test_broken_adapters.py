@@ -119,6 +119,15 @@ def test_a_thread_an_adapter_leaves_running_does_not_keep_the_finished_run_alive
     assert (tmp_path / f"{report.slug(spec)}.partial.json").exists()
 
 
+def test_an_adapter_that_patches_torch_softmax_fails_the_oracle_it_cannot_fool(tmp_path):
+    # In a process of its own: the patch is torch's for the rest of the process it is imported in.
+    spec = f"{HERE / 'patches_softmax.py'}:make,{SMALL}"
+    assert command_line("--model", spec, "--only", "oracle_encoder", "--out", str(tmp_path)).returncode == 1
+    (verdict,) = json.loads((tmp_path / f"{report.slug(spec)}.partial.json").read_text())["properties"]
+    assert verdict["verdict"] == "fail"
+    assert "torch functions changed since the harness was imported: torch.softmax" in verdict["reason"]
+
+
 def test_a_model_that_ends_the_process_itself_never_reads_as_success(tmp_path):
     spec = f"{HERE / 'forward_os_exit.py'}:make,{SMALL}"
     run = command_line("--model", spec, "--only", "eval_determinism", "--out", str(tmp_path))

@@ -63,6 +63,7 @@ def test_torch_nn_transformer_gets_its_documented_verdicts():
     expected.update(cached_decoding=NOT_APPLICABLE, fully_padded_rows=FAIL, dropout_sites=FAIL)
     # The oracle: torch's final LayerNorm on each stack (encoder.output, decoder.output), and no cache to compare.
     expected.update(oracle_encoder=FAIL, oracle_decoder=FAIL, oracle_logits=FAIL, oracle_cached_decoding=NOT_APPLICABLE)
+    expected.update(paper_parameters=FAIL)  # the final LayerNorm on each stack: parameters the paper lacks
     assert verdicts(results) == expected
     by_name = {r.name: r for r in results}
     assert "no incremental decoding" in by_name["cached_decoding"].reason

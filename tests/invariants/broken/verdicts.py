@@ -98,7 +98,6 @@ ROWS = [
     Row("attention_records_raise", "softmax_rows", "error", "raised ValueError: capture broke (in the model's"),
     Row("relayout_on_mode", "dropout_sites,residual_dropout,dropout_with_positions", "pass", ""),
     Row("forward_exits", "eval_determinism", "error", "forward raised SystemExit"),
-    Row("patches_softmax", "oracle_encoder", "fail", "torch functions changed since the harness was imported"),
     Row("sublayers_raise", "oracle_encoder", "fail", "could not localise: paper_sublayers raised RuntimeError"),
     Row("sublayers_list", "oracle_encoder", "fail", "could not localise: paper_sublayers returned a list"),
 ]
