@@ -130,7 +130,7 @@ def bench(session: nox.Session) -> None:
     goes; writes reports/bench.md and reports/profile.md."""
     session.install("-e", ".[bench]")
     session.run("python", "-m", "ablations.bench", *session.posargs)
-    session.run("python", "-m", "ablations.bench.profiling")
+    session.run("python", "-m", "ablations.bench.cpu.profiling")
 
 
 # On a GPU machine, torch's CUDA build is the machine's own: a venv from pyproject.toml would install the CPU build of
@@ -144,5 +144,5 @@ def bench_gpu(session: nox.Session) -> None:
 @nox.session(default=False, venv_backend="none")
 def gpu_check(session: nox.Session) -> None:
     """What one GPU must show in 8 minutes, with this machine's python3: nox -s gpu_check -- --data gpu-data --out DIR
-    (first, on any machine: python -m ablations.bench.gpu_check --prepare gpu-data)."""
-    session.run("python3", "-m", "ablations.bench.gpu_check", *session.posargs, external=True)
+    (first, on any machine: python -m ablations.bench.check --prepare gpu-data)."""
+    session.run("python3", "-m", "ablations.bench.check", *session.posargs, external=True)

@@ -7,7 +7,7 @@ from those listed above it (tests/test_layering.py holds the rule):
     training/  the training loop, ranks, clean stops, throughput, a trained run's weights
     grid/      the Table 3 grid: plan and run it, fan it out over processes or SLURM, check its rows' health
     studies/   cross-checks on the same batches (compare), the dropout gap, attention maps
-    bench/     the benchmark beside peers, profiling, a row's cost
+    bench/     the benchmarks beside peers on a CPU and on a GPU, the GPU check, profiling, a row's cost
 
 Entry point: python -m ablations run --budget smoke --rows all (see docs/ablations.md).
 """
@@ -26,8 +26,10 @@ MOVED = {
     "ablations.compare": "ablations.studies.compare",
     "ablations.dropout_gap": "ablations.studies.dropout_gap",
     "ablations.fanout": "ablations.grid.fanout",
-    "ablations.profiling": "ablations.bench.profiling",
+    "ablations.profiling": "ablations.bench.cpu.profiling",
     "ablations.rowcost": "ablations.bench.rowcost",
+    "ablations.bench.profiling": "ablations.bench.cpu.profiling",
+    "ablations.bench.gpu_check": "ablations.bench.check",
 }
 
 

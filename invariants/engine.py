@@ -19,11 +19,11 @@ import hypothesis
 import torch
 from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
+from hypothesis.errors import DidNotReproduce, Unsatisfiable, UnsatisfiedAssumption
 
 from invariants import precision, profiles
 from invariants.device import checking
-from hypothesis.errors import DidNotReproduce, Unsatisfiable, UnsatisfiedAssumption
-
+from invariants.groups import Group
 from invariants.guard import (
     DEFAULT_TIMEOUT_S,
     NotApplicable,
@@ -83,7 +83,7 @@ class Property:
     """A named invariant: its check, its tolerance, the cases it runs on, and the capabilities it needs."""
 
     name: str
-    group: str  # what part of the paper's design it checks, e.g. "1 causal mask"
+    group: str  # the part of the paper's design it checks, a Group's label: "1 causal mask (section 3.2.3)"
     description: str
     check: Callable[[Subject, Any], float | tuple[float, str]]  # the error, or (error, a note for the report)
     tolerance: Tolerance
@@ -109,8 +109,11 @@ class Property:
         return run(self, subject, settings, seed, replay, profile, timeout)
 
 
+REGISTRY: dict[str, Property] = {}  # every property by name, in the order of definition
+
+
 def invariant(
-    group: str,
+    group: Group,
     tolerance: Tolerance,
     pinned: Callable[[Subject], list] = lambda s: [],
     cases: Callable[[Subject], st.SearchStrategy] | None = None,
@@ -119,13 +122,30 @@ def invariant(
     describe: Callable[[Any], str] = repr,
     precision: str = "forward",
 ) -> Callable[[Callable], Property]:
-    """Turn check(subject, case) -> error into a Property named after the function; its docstring's first line describes it."""
+    """Turn check(subject, case) -> error into a Property named after the function, its docstring's first line its
+    description, and register it: the suite runs the registered properties in the order invariants/properties/
+    defines them."""
 
     def wrap(check: Callable[[Subject, Any], float]) -> Property:
         description = (check.__doc__ or "").strip().splitlines()[0]
-        return Property(
-            check.__name__, group, description, check, tolerance, pinned, cases, needs, applicable, describe, precision
+        prop = Property(
+            check.__name__,
+            group.label,
+            description,
+            check,
+            tolerance,
+            pinned,
+            cases,
+            needs,
+            applicable,
+            describe,
+            precision,
         )
+        known = REGISTRY.get(prop.name)
+        if known is not None and known.check.__module__ != check.__module__:
+            raise ValueError(f"two properties named {prop.name}: in {known.check.__module__} and {check.__module__}")
+        REGISTRY[prop.name] = prop
+        return prop
 
     return wrap
 

@@ -67,7 +67,7 @@ def run_mutants(
     return docs
 
 
-ORACLE = "oracle_"  # the properties that run the paper's equations on the model's own weights (invariants/oracle.py)
+ORACLE = "oracle_"  # the properties that run the paper's equations on the model's own weights (invariants/properties/oracle.py)
 
 
 def localised(doc: dict[str, Any]) -> str | None:

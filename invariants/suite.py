@@ -1,4 +1,5 @@
-"""The suite: every property, grouped by the part of the paper's design it checks, run against one model with a progress bar."""
+"""The suite: every property (invariants/properties/, in the paper's order) run against one model with a progress bar,
+selected by name, and failures that follow from another failure named as such."""
 
 from __future__ import annotations
 
@@ -8,71 +9,11 @@ import time
 import hypothesis
 from tqdm import tqdm
 
-from invariants import (
-    behaviour,
-    block_order,
-    causal,
-    cross_attention,
-    feedforward,
-    objective,
-    oracle,
-    params,
-    permutation,
-    positional,
-    residual,
-    softmax,
-    sublayer_dropout,
-)
 from invariants.engine import FAIL, Property, Result
 from invariants.guard import DEFAULT_TIMEOUT_S
+from invariants.properties import PROPERTIES
 from invariants.subject import Factory, Subject
 
-PROPERTIES: list[Property] = [
-    causal.causal_future_tokens,
-    causal.causal_jacobian,
-    causal.causal_future_probs,
-    causal.cached_decoding,
-    permutation.permutation_encoder,
-    permutation.permutation_cross_attention,
-    permutation.permutation_positive_control,
-    softmax.softmax_rows,
-    softmax.padding_probs_zero,
-    softmax.fully_padded_rows,
-    positional.pe_relative_linearity,
-    positional.pe_exact_values,
-    positional.positions_distinguished,
-    positional.pe_unit_scale,
-    params.params_base,
-    params.params_table3,
-    params.params_tied_embeddings,
-    params.tied_embeddings_in_use,
-    behaviour.padding_invariance,
-    behaviour.batch_independence,
-    behaviour.eval_determinism,
-    behaviour.dropout_active,
-    behaviour.fast_equals_explicit,
-    behaviour.attention_scaling,
-    behaviour.embedding_scaling,
-    behaviour.gradients_reach_all,
-    objective.loss_eps_zero_is_nll,
-    objective.loss_smoothed_minimum,
-    objective.loss_pad_normalisation,
-    residual.residual_paths,
-    residual.layer_norm_outputs,
-    block_order.post_ln_order,
-    cross_attention.residual_own_input,
-    sublayer_dropout.residual_dropout,
-    sublayer_dropout.dropout_with_positions,
-    sublayer_dropout.dropout_sites,
-    feedforward.ffn_nonlinear,
-    feedforward.ffn_relu,
-    cross_attention.source_reaches_logits,
-    oracle.oracle_encoder,
-    oracle.oracle_decoder,
-    oracle.oracle_logits,
-    oracle.oracle_cached_decoding,
-    oracle.paper_parameters,
-]
 BY_NAME = {p.name: p for p in PROPERTIES}
 LINE_EVERY_S = 5.0  # off a terminal, a progress line at most this often instead of a bar
 # Names that older reports and replay lines give, and what became of them.

@@ -1,7 +1,7 @@
-"""`python -m ablations.bench` (what `nox -s bench` runs): the benchmark of ablations/bench/measure.py."""
+"""`python -m ablations.bench` (what `nox -s bench` runs): the CPU benchmark of ablations/bench/cpu/measure.py."""
 
 import sys
 
-from ablations.bench.measure import main
+from ablations.bench.cpu.measure import main
 
 sys.exit(main())

@@ -28,7 +28,7 @@ from ablations.runs.outcomes import outcome_line
 from ablations.scoring.evaluate import dev_bleu, perplexity
 from ablations.training.backends import sdpa_backend
 from ablations.training.distributed import SINGLE, Ranks, backend, from_main
-from ablations.training.peaks import peak, peak_flops  # noqa: F401 (peak_flops: ablations/bench/gpu.py reads it here)
+from ablations.training.peaks import peak
 from ablations.training.throughput import gemm_flops, throughput
 from ablations.training.train import Diverged, train
 from model import ModelSpec, count_parameters, load_model

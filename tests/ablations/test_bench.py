@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablations.bench import profiling
-from ablations.bench.measure import main
+from ablations.bench.cpu import profiling
+from ablations.bench.cpu.measure import main
 from ablations.bench.variants import FullReorderCache, StridedCrossCache, TorchOpsReorderCache
 from ablations.data.bpe import PAD
 from ablations.scoring.decoding import beam_search

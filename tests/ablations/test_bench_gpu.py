@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from ablations.bench import gpu
-from ablations.bench.gpu_timing import (
+from ablations.bench.gpu import __main__ as gpu
+from ablations.bench.gpu.timing import (
     SYSTEMS,
     TIME_UP,
     Deadline,

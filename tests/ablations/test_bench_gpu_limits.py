@@ -11,8 +11,9 @@ import time
 import pytest
 import torch
 
-from ablations.bench import gpu, gpu_report
-from ablations.bench.gpu_timing import (
+from ablations.bench.gpu import __main__ as gpu
+from ablations.bench.gpu.report import Progress
+from ablations.bench.gpu.timing import (
     MEASURED,
     TIME_UP,
     WARMED,
@@ -108,13 +109,13 @@ def test_an_earlier_report_is_replaced_by_a_started_one_before_the_data_is_read(
 def test_the_report_is_rewritten_after_every_stage_and_eager_rows_and_beam_search_precede_any_compile(
     tmp_path, prepared, monkeypatch
 ):
-    stages, write = [], gpu_report.Progress.write
+    stages, write = [], Progress.write
 
     def spy(self, status, stage=""):
         write(self, status, stage)
         stages.append((status, stage, report(tmp_path)))  # read back whole: written atomically
 
-    monkeypatch.setattr(gpu_report.Progress, "write", spy)
+    monkeypatch.setattr(Progress, "write", spy)
     argv = ["--systems", "reference,torch-nn", "--modes", "eager,compiled", "--compile-backend", "eager"]
     assert bench(tmp_path, prepared, *argv, "--time-limit", "100", "--compile-estimate", "1000") == 0
     assert [s[:2] for s in stages] == [

@@ -12,10 +12,11 @@ import time
 
 import pytest
 
-from ablations.bench import gpu_check, gpu_prepare
-from ablations.bench.gpu_check import LIMITS, CheckOptions, check, plan
-from ablations.bench.gpu_check_report import runner_lines
-from ablations.bench.gpu_parts import GRACE_S, Part, Stage
+from ablations.bench.check import __main__ as gpu_check
+from ablations.bench.check import prepare
+from ablations.bench.check.__main__ import LIMITS, CheckOptions, check, plan
+from ablations.bench.check.parts import GRACE_S, Part, Stage
+from ablations.bench.check.report import runner_lines
 from ablations.bench.report import shown_args
 from ablations.runs import folder as R
 from ablations.training.stopping import graceful_stops
@@ -26,7 +27,7 @@ META = {"device": "cpu", "peak": "none", "torch": "2", "python": "3", "transform
 
 
 def options(tmp_path, pytest_args=(), quick=True) -> CheckOptions:
-    data = gpu_prepare.CheckData(tmp_path, None, {})
+    data = prepare.CheckData(tmp_path, None, {})
     return CheckOptions("cpu", quick, data, tmp_path / "work", True, tmp_path / "out", tuple(pytest_args), "--quick")
 
 
@@ -84,7 +85,7 @@ def test_a_process_a_part_left_running_in_a_session_of_its_own_is_stopped_with_t
     stray = f"import os, subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True); open({str(pidfile)!r}, 'w').write(str(p.pid))"
     script = (
         "import sys\nfrom pathlib import Path\n"
-        "from ablations.bench.gpu_parts import Part, Stage, become_subreaper, run_part\n"
+        "from ablations.bench.check.parts import Part, Stage, become_subreaper, run_part\n"
         "become_subreaper()\n"
         f"part = Part('p', 'p', (Stage('p', (sys.executable, '-c', {stray!r})),), 20)\n"
         f"print(run_part(part, Path({str(tmp_path / 'log')!r}), Path({str(REPO)!r})).result)\n"
@@ -113,7 +114,7 @@ def test_the_tests_part_stopped_at_its_limit_still_names_the_tests_that_failed_b
 
 
 def test_the_tests_part_runs_the_cuda_only_tests_first_then_the_device_sensitive_ones_then_the_rest(tmp_path):
-    o = dataclasses.replace(options(tmp_path, quick=False), data=gpu_prepare.CheckData(REAL_DATA, None, {}))
+    o = dataclasses.replace(options(tmp_path, quick=False), data=prepare.CheckData(REAL_DATA, None, {}))
     tests = next(p for p in plan(o) if p.name == "tests")
     assert [s.name for s in tests.stages] == ["cuda-only", "device-sensitive", "the rest"]
     first, device, rest = (s.command for s in tests.stages)
@@ -188,13 +189,13 @@ def test_the_runner_lines_give_steady_state_figures_and_the_longest_step_compili
 def test_prepare_makes_a_small_folder_the_parts_read_without_training_a_tokenizer(tmp_path, capsys):
     target = tmp_path / "gpu-data"
     assert gpu_check.main(["--prepare", str(target), "--data", str(REAL_DATA)]) == 0
-    data = gpu_prepare.check_data(target)
+    data = prepare.check_data(target)
     assert data.corpora == target / "data" and set(data.manifest["budgets"]) == {"short", "smoke"}
     assert data.manifest["mib"] < 40  # it travels with the repository (15 MiB) under the device tool's 64 MiB
     assert sorted(p.suffix for p in data.cache.iterdir()).count(".model") == 2
     assert sorted(p.name for p in data.encoded.iterdir()) == ["short", "smoke"]
     runs = tmp_path / "runs"
-    gpu_prepare.seed_runs(data, runs)
+    prepare.seed_runs(data, runs)
     assert sorted(p.name for p in (runs / "cache").iterdir()) == sorted(p.name for p in data.cache.iterdir())
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("mine")

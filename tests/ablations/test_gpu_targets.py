@@ -1,6 +1,6 @@
 """The GPU check's targets: each judged from the numbers the bench and the runner wrote, none met without them."""
 
-from ablations.bench.gpu_targets import bench_targets, runner_targets
+from ablations.bench.check.targets import bench_targets, runner_targets
 
 
 def training(system: str, mode: str, backend: str, rate: float | None, mfu: float | None = None) -> dict:

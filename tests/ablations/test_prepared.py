@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from ablations.bench import gpu
+from ablations.bench.gpu import __main__ as gpu
 from ablations.grid import prepared
 from ablations.data.corpora import DataError
 from ablations.grid.prepared import load_prepared, save_prepared

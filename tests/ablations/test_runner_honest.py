@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from ablations.bench.gpu_targets import runner_targets
+from ablations.bench.check.targets import runner_targets
 from ablations.data.batching import BatchStream
 from ablations.grid import runner
 from ablations.grid.runner import prepare_data, run_one
@@ -22,7 +22,7 @@ from ablations.runs.budgets import select_rows
 from ablations.training import stopping
 from ablations.training import train as T
 from ablations.training.clock import StepClock
-from ablations.training.peaks import Peak, peak, peak_of_name
+from ablations.training.peaks import Peak, peak, peak_flops, peak_of_name
 from model import Transformer
 from tests.ablations.test_gpu_path import TINY, tiny_run, varied_pairs
 from tests.ablations.test_train import TINY_BUDGET, grid_of
@@ -185,7 +185,7 @@ def test_a_card_not_listed_or_a_mig_slice_has_no_peak_so_no_mfu(name):
 
 def test_a_peak_names_its_card_and_the_cpu_has_none():
     assert str(peak_of_name("NVIDIA H100 80GB HBM3")) == "peak 989 TFLOP/s (H100 SXM)"
-    assert peak(torch.device("cpu")) is None and runner.peak_flops(torch.device("cpu")) is None
+    assert peak(torch.device("cpu")) is None and peak_flops(torch.device("cpu")) is None
 
 
 def test_a_run_stopped_between_logging_steps_records_the_step_times_since_the_last_log(tmp_path):

@@ -8,7 +8,7 @@ import torch
 
 from invariants import pe_exact_values, run_suite
 from invariants.engine import FAIL, PASS
-from invariants.oracle import OracleCase, gap, localise, oracle_for, paper_decode, paper_encode
+from invariants.properties.oracle import OracleCase, gap, localise, oracle_for, paper_decode, paper_encode
 from model import SpecError, TransformerConfig, load_model
 from model.layers import sinusoidal_table
 from tests.helpers import few

@@ -12,7 +12,7 @@ for _needed in ("joeynmt", "yaml", "importlib_metadata", "sentencepiece", "subwo
 import model.adapters.joeynmt as joey_adapter  # noqa: E402  (registers the name `joeynmt`)
 from invariants import contract, run_suite  # noqa: E402
 from invariants.engine import FAIL, NOT_APPLICABLE, PASS  # noqa: E402
-from invariants.oracle import OracleCase, gap, localise, oracle_for, paper_decode, paper_encode  # noqa: E402
+from invariants.properties.oracle import OracleCase, gap, localise, oracle_for, paper_decode, paper_encode  # noqa: E402
 from invariants.suite import PROPERTIES  # noqa: E402
 from model import SpecError, load_model  # noqa: E402
 from model.protocol import PaperLayout, Seq2SeqModel  # noqa: E402

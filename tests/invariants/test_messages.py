@@ -3,10 +3,10 @@ which number is the error; and a failure that follows from another failing prope
 
 from __future__ import annotations
 
-from invariants.causal import causal_future_tokens, causal_jacobian
+from invariants.properties.causal import causal_future_tokens, causal_jacobian
 from invariants.engine import FAIL
-from invariants.softmax import softmax_rows
-from invariants.sublayer_dropout import dropout_sites
+from invariants.properties.softmax import softmax_rows
+from invariants.properties.dropout import dropout_sites
 from tests.helpers import REPO
 
 SMALL = "N=2,d_model=64,h=4,d_k=16,d_v=16,d_ff=128,vocab_size=1000"

@@ -24,7 +24,7 @@ from invariants import (  # noqa: E402
     post_ln_order,
 )
 from invariants.engine import FAIL, PASS  # noqa: E402
-from invariants.oracle import oracle_encoder  # noqa: E402
+from invariants.properties.oracle import oracle_encoder  # noqa: E402
 from model import SpecError, load_model  # noqa: E402
 from model.paper_params import load_paper_params  # noqa: E402
 from model.protocol import missing_members  # noqa: E402

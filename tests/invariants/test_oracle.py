@@ -1,4 +1,4 @@
-"""The paper as an oracle (invariants/oracle.py): a model's own weights in the paper's layout, through the reference,
+"""The paper as an oracle (invariants/properties/oracle.py): a model's own weights in the paper's layout, through the reference,
 compared output by output and sub-layer by sub-layer. Tiny configs and few cases: a few seconds in all."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from invariants.engine import ERROR, FAIL, NOT_APPLICABLE, PASS
-from invariants.oracle import (
+from invariants.properties.oracle import (
     reference_for,
     table3_cases,
     NO_LAYOUT,

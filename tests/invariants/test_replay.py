@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from invariants.engine import FIXED, PASS, invocation
-from invariants.sublayer_dropout import dropout_sites
+from invariants.properties.dropout import dropout_sites
 
 SMALL = "N=2,d_model=64,h=4,d_k=16,d_v=16,d_ff=128,vocab_size=1000"
 BLOB = (

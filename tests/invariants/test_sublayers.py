@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from invariants import attention_scaling, dropout_sites, ffn_relu
-from invariants.behaviour import KINDS, logit_spreads
+from invariants.properties.behaviour import KINDS, logit_spreads
 from invariants.engine import FAIL, PASS
-from invariants.feedforward import feed_forward_parts, lowered, rescaled
+from invariants.properties.feedforward import feed_forward_parts, lowered, rescaled
 from invariants.subject import Subject
-from invariants.sublayer_dropout import proportional_sublayers, signs
+from invariants.properties.dropout import proportional_sublayers, signs
 from tests.helpers import few
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # torch.nn's nested-tensor notes

@@ -25,9 +25,9 @@ from invariants import (
 )
 from invariants import tolerances as tol
 from invariants.engine import ERROR, FAIL, NOT_APPLICABLE, PASS, Property, Subject
-from invariants.feedforward import affine_span_excess
-from invariants.residual import without_sublayer_weights
-from invariants.sublayer_dropout import two_hot
+from invariants.measure import without_sublayer_weights
+from invariants.properties.feedforward import affine_span_excess
+from invariants.properties.dropout import two_hot
 from invariants.__main__ import parse_replay
 from model import SpecError, Transformer
 from model.adapters.torch_nn import TorchTransformer

@@ -13,10 +13,11 @@ from hypothesis import settings
 pytest.importorskip("x_transformers")
 
 from invariants import run_suite  # noqa: E402
-from invariants import residual, sublayer_dropout  # noqa: E402
+from invariants import measure  # noqa: E402
+from invariants.properties import dropout  # noqa: E402
 from invariants.engine import FAIL, PASS  # noqa: E402
 from invariants.suite import PROPERTIES  # noqa: E402
-from invariants.oracle import OracleCase, gap, localise, oracle_for, paper_decode, paper_encode  # noqa: E402
+from invariants.properties.oracle import OracleCase, gap, localise, oracle_for, paper_decode, paper_encode  # noqa: E402
 from model import load_model  # noqa: E402
 from model.adapters.x_transformers import XTransformerSeq2Seq  # noqa: E402  (registers "x-transformers")
 from model.protocol import missing_members  # noqa: E402
@@ -115,7 +116,7 @@ def test_the_protocol_contract_and_the_tie_that_survives_a_copy():
 
 def test_the_dropout_checks_pass_once_the_harness_sees_x_transformers_layernorm_gain(monkeypatch):
     """x-transformers' LayerNorm keeps its gain beside a parameter-free nn.LayerNorm child, which the normalisation
-    finder (childless modules named *Norm, invariants/residual.py) misses: the checks that zero every other parameter
+    finder (childless modules named *Norm, invariants/measure.py) misses: the checks that zero every other parameter
     of the stacks zero the gain too, and every output is 0 in train and eval mode alike. Counting a Norm whose
     children hold no parameters, the three pass: x-transformers drops exactly where section 5.4 says."""
 
@@ -127,8 +128,8 @@ def test_the_dropout_checks_pass_once_the_harness_sees_x_transformers_layernorm_
             for name, p in m.named_parameters(recurse=False)
         ]
 
-    monkeypatch.setattr(residual, "normalisation_parameters", normalisation_parameters)
-    monkeypatch.setattr(sublayer_dropout, "normalisation_parameters", normalisation_parameters)
+    for module in (measure, dropout):
+        monkeypatch.setattr(module, "normalisation_parameters", normalisation_parameters)
     results = run_suite(
         f"x-transformers,{TINY}", properties=chosen("residual_dropout", "dropout_sites"), settings=few()
     )

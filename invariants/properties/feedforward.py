@@ -1,4 +1,4 @@
-"""Invariant 8: the position-wise feed-forward networks are eq. (2), FFN(x) = max(0, x W1 + b1) W2 + b2: non-linear
+"""The position-wise feed-forward networks are eq. (2), FFN(x) = max(0, x W1 + b1) W2 + b2: non-linear
 (`ffn_nonlinear`), and with max(0, z) as their activation (`ffn_relu`).
 
 `ffn_nonlinear`: on sequences of length 1 every attention is an affine map (a softmax over one key is 1), so in eval
@@ -32,12 +32,12 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import small_configs
 from invariants.engine import NotApplicable, invariant
+from invariants.groups import FEED_FORWARD
 from invariants.guard import Skipped
 from invariants.subject import OWN_CONFIG, Overrides, Subject, random_batch, relative_error
 from model.protocol import Seq2SeqModel
 from model.registry import format_config_overrides
 
-GROUP = "8 feed-forward networks"
 EXTRA_NORMS = 2  # an embedding LayerNorm and a final LayerNorm that some correct models add
 RADIUS = 10.0  # of the input circle, in units of a unit-variance embedding: far above biases and PE entries (<= 1)
 
@@ -59,7 +59,7 @@ def wide_enough(config: Overrides) -> bool:
 
 
 @invariant(
-    GROUP,
+    FEED_FORWARD,
     tol.NONLINEAR,
     pinned=lambda s: [(OWN_CONFIG, 0)],
     cases=lambda s: st.tuples(small_configs().filter(wide_enough), st.integers(0, 2**16)),
@@ -196,7 +196,7 @@ def lowered(firsts: list[Tensor], biases: list[Tensor], d_model: int, times: flo
 
 
 @invariant(
-    GROUP,
+    FEED_FORWARD,
     tol.RELU,
     pinned=lambda s: [(OWN_CONFIG, 0)],
     cases=lambda s: st.tuples(small_configs().map(lambda c: {**c, "d_ff": 4 * c["d_model"]}), st.integers(0, 2**16)),

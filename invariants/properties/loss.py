@@ -1,4 +1,4 @@
-"""Invariant 6 (training side): the label-smoothed loss of section 5.4.
+"""The label-smoothed loss of section 5.4.
 
 The loss checks call the model's own `loss` (built with the eps_ls under test) on synthetic logits in
 float64, so they are cheap and use small configs. The learning-rate schedule of eq. (3) belongs to the
@@ -16,10 +16,10 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import small_configs
 from invariants.engine import invariant
+from invariants.groups import LOSS
 from invariants.subject import Overrides, Subject, relative_error, right_padding
 from model.protocol import Seq2SeqModel
 
-GROUP = "6 loss"
 PINNED_CONFIG = {"N": 1, "d_model": 8, "h": 2, "d_k": 4, "d_v": 4, "d_ff": 16, "vocab_size": 50, "max_len": 128}
 EXTREME = 1e4  # logits this large underflow exp() in a naive log(softmax(.)), even in float64
 
@@ -38,7 +38,7 @@ def model_at(subject: Subject, config: Overrides, eps: float) -> Seq2SeqModel:
 
 
 @invariant(
-    GROUP,
+    LOSS,
     tol.AGREEMENT[torch.float64],
     pinned=lambda s: [(PINNED_CONFIG, 0, 1.0), (PINNED_CONFIG, 1, EXTREME)],
     cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16), st.sampled_from([1.0, 100.0, EXTREME])),
@@ -71,7 +71,7 @@ def smoothed_targets(target: Tensor, vocab: int, eps: float, pad_id: int) -> dic
 
 
 @invariant(
-    GROUP,
+    LOSS,
     tol.ANALYTIC,
     pinned=lambda s: [(PINNED_CONFIG, 0, 0.1)],
     cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16), st.floats(0.01, 0.5).map(lambda e: round(e, 3))),
@@ -94,7 +94,7 @@ def loss_smoothed_minimum(subject: Subject, case: tuple[Overrides, int, float]) 
 
 
 @invariant(
-    GROUP,
+    LOSS,
     tol.AGREEMENT[torch.float64],
     pinned=lambda s: [(PINNED_CONFIG, 0)],
     cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)),

@@ -21,10 +21,12 @@ import torch
 from tqdm.auto import tqdm
 
 from ablations.bench import peers
-from ablations.bench.report import machine, markdown, output_path, shown_args
+from ablations.bench.cpu.report import markdown
+from ablations.bench.report import machine, output_path, shown_args
 from ablations.bench.variants import UNDONE, VARIANTS, FullReorderCache, StridedCrossCache, TorchOpsReorderCache
+from ablations.bench.workload import alternate, fixed_length_sources
 from ablations.data.batching import BatchStream
-from ablations.data.bpe import EOS, PAD
+from ablations.data.bpe import PAD
 from ablations.data.corpora import data_dir
 from ablations.grid.runner import prepare_data
 from ablations.runs.budgets import ADAM_BETAS, ADAM_EPS, budget, scale
@@ -45,12 +47,6 @@ CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time
 def scaled(cfg: TransformerConfig, vocab: int) -> TransformerConfig:
     """cfg at the cpu budget's sizes (every size / 8) with a vocabulary of `vocab`."""
     return scale(cfg, budget("cpu"), vocab, "--config")
-
-
-def alternate(items, repetition: int) -> list:
-    """Systems in order on even repetitions and reversed on odd ones, so that no system always follows the same one."""
-    items = list(items)
-    return items if repetition % 2 == 0 else items[::-1]
 
 
 def bench_training(
@@ -116,16 +112,6 @@ def bench_training(
             }
         )
     return results, skipped
-
-
-def fixed_length_sources(src: list[list[int]], n: int, length: int) -> torch.Tensor:
-    """n dev sources of at least `length` tokens, cut to `length` (ending in EOS): no padding, one output length."""
-    rows = [s[: length - 1] + [EOS] for s in src if len(s) >= length][:n]
-    if len(rows) < n:
-        raise ValueError(
-            f"only {len(rows)} dev sentences have {length} tokens; lower --decode-length or --decode-sentences"
-        )
-    return torch.tensor(rows)
 
 
 def bench_decoding(

@@ -1,4 +1,4 @@
-"""Invariant 7, continued: where dropout acts (section 5.4): "to the output of each sub-layer, before it is added to the
+"""Where dropout acts (section 5.4): "to the output of each sub-layer, before it is added to the
 sub-layer input and normalized", and "to the sums of the embeddings and the positional encodings in both the encoder
 and decoder stacks". Nowhere else does the paper put it; both checks count dropout masks, from both sides.
 
@@ -41,8 +41,8 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import small_configs
 from invariants.engine import NotApplicable, invariant
-from invariants.residual import GROUP, normalisation_parameters, without_sublayer_weights, zero_sublayers
-from invariants.softmax import KINDS
+from invariants.groups import DROPOUT
+from invariants.measure import ATTENTION_NAMES, normalisation_parameters, without_sublayer_weights, zero_sublayers
 from invariants.subject import OWN_CONFIG, Overrides, Subject, seeded
 from model.protocol import Seq2SeqModel
 from model.registry import format_config_overrides
@@ -125,7 +125,7 @@ def unattended(model: Seq2SeqModel) -> str:
         return ""
     if not dead:
         return ""
-    kinds = ", ".join(sorted({f"{KINDS.get(r.kind, r.kind)} (layer {r.layer})" for r in dead}))
+    kinds = ", ".join(sorted({f"{ATTENTION_NAMES.get(r.kind, r.kind)} (layer {r.layer})" for r in dead}))
     return (
         f"likely a consequence of another failure, not of dropout: in a one-position sequence the {kinds} attends to "
         f"nothing (all-zero probabilities), so that sub-layer adds nothing and its dropout mask is never seen; "
@@ -141,7 +141,7 @@ def spec_config(subject: Subject, config: Overrides, p: float) -> Overrides:
 
 
 @invariant(
-    GROUP,
+    DROPOUT,
     tol.DROPOUT_SITES,
     pinned=lambda s: [(OWN_CONFIG, 0)],
     cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)),
@@ -177,7 +177,7 @@ def positioned(subject: Subject) -> str | None:
 
 
 @invariant(
-    GROUP,
+    DROPOUT,
     tol.DROPOUT,
     pinned=lambda s: [(OWN_CONFIG, 0)],
     cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)),
@@ -292,7 +292,7 @@ def site_shares(p: float, N: int) -> tuple[float, float]:
 
 
 @invariant(
-    GROUP,
+    DROPOUT,
     tol.DROPOUT_SITES,
     pinned=lambda s: [(OWN_CONFIG, 0)],
     cases=lambda s: st.tuples(small_configs().filter(wide_enough), st.integers(0, 2**16)),

@@ -1,4 +1,4 @@
-"""Invariant 1: the decoder cannot see the future, checked three ways, and cached decoding equals the full pass.
+"""The decoder cannot see the future, checked three ways, and cached decoding equals the full pass.
 
 Each runs in eval mode and in train mode with dropout active under a fixed seed, with and without
 padding, and with and without attention probabilities requested (real leaks in torch and keras
@@ -7,7 +7,6 @@ hid on exactly such paths).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 
 import torch
 from torch import Tensor
@@ -15,24 +14,11 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import Case, batch_cases, pinned_cases
 from invariants.engine import invariant
-from invariants.softmax import misshapen, place, worst_row
+from invariants.groups import CAUSAL
+from invariants.measure import capturing, exact_difference, misshapen, place, worst_row
 from invariants.subject import Subject, relative_error, seeded
 from model.batch import Batch
 from model.protocol import Seq2SeqModel
-
-GROUP = "1 causal mask"
-
-
-def capturing(model: Seq2SeqModel, on: bool):
-    """The model's attention capture when on, else a no-op yielding an empty list."""
-    return model.attention_probs() if on else nullcontext([])
-
-
-def exact_difference(a: Tensor, b: Tensor) -> float:
-    """max |a - b|, or inf when either holds NaN or Inf."""
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-        return float("inf")
-    return (a - b).abs().max().item() if a.numel() else 0.0
 
 
 def future_changed(subject: Subject, case: Case, batch: Batch, j: int) -> Tensor:
@@ -48,7 +34,7 @@ def future_changed(subject: Subject, case: Case, batch: Batch, j: int) -> Tensor
     return torch.where(future & ~batch.tgt_pad, fresh, batch.tgt)
 
 
-@invariant(GROUP, tol.CAUSAL_FUTURE, pinned=lambda s: pinned_cases(s), cases=lambda s: batch_cases(s, min_tgt=2))
+@invariant(CAUSAL, tol.CAUSAL_FUTURE, pinned=lambda s: pinned_cases(s), cases=lambda s: batch_cases(s, min_tgt=2))
 def causal_future_tokens(subject: Subject, case: Case) -> float | tuple[float, str]:
     """Changing the target tokens at positions >= j leaves the logits at positions < j bit-identical (float64) (paper, section 3.2.3)."""
     model, batch = subject.model(case.config), case.make_batch(subject)
@@ -102,7 +88,7 @@ def where_it_leaks(subject: Subject, model: Seq2SeqModel, batch: Batch) -> str:
 
 
 @invariant(
-    GROUP,
+    CAUSAL,
     tol.EXACT,
     pinned=lambda s: pinned_cases(s),
     cases=lambda s: batch_cases(s, min_tgt=2),
@@ -135,7 +121,7 @@ def causal_jacobian(subject: Subject, case: Case) -> float | tuple[float, str]:
 
 
 @invariant(
-    GROUP,
+    CAUSAL,
     tol.EXACT,
     pinned=lambda s: pinned_cases(s, capture=(True,)),
     cases=lambda s: batch_cases(s, capture=True, min_tgt=2),
@@ -171,7 +157,7 @@ def causal_future_probs(subject: Subject, case: Case) -> float | tuple[float, st
 
 
 @invariant(
-    GROUP,
+    CAUSAL,
     tol.AGREEMENT[torch.float64],
     pinned=lambda s: pinned_cases(s, train=(False,), tgt_len=5),
     cases=lambda s: batch_cases(s, train=False),

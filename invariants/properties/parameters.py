@@ -1,4 +1,4 @@
-"""Invariant 5: parameter counts against the paper's Table 3, and the shared embedding really shared.
+"""Parameter counts against the paper's Table 3, and the shared embedding really shared.
 
 Counts are taken on models built on the meta device (shapes only), at the Table 3 configs appended to
 the spec as overrides, so the check applies to any adapter. Rows the adapter cannot build (torch.nn
@@ -11,13 +11,13 @@ import torch
 
 from invariants import tolerances as tol
 from invariants.engine import NotApplicable, invariant
+from invariants.groups import PARAMETERS
 from invariants.subject import Subject
 from model import count_parameters
 from model.config import TransformerConfig
 from model.registry import SpecError
 from model.table3 import implied_vocab_size, table3_rows
 
-GROUP = "5 parameters"
 PAPER_BASE = 65e6
 SIZE_FIELDS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "pe", "vocab_size", "share_embeddings")
 
@@ -44,7 +44,7 @@ def no_case(_: object) -> str:
     return ""
 
 
-@invariant(GROUP, tol.PARAMS, pinned=lambda s: [None], describe=no_case)
+@invariant(PARAMETERS, tol.PARAMS, pinned=lambda s: [None], describe=no_case)
 def params_base(subject: Subject, _: None) -> float:
     """The base config with the ~37000-token vocabulary has 65M parameters, within 5% (paper, Table 3 and section 5.1)."""
     return abs(counted(subject, TransformerConfig(vocab_size=37000)) / PAPER_BASE - 1)
@@ -54,7 +54,7 @@ def rows_with_params() -> list:
     return [row for row in table3_rows() if row.paper_params_millions is not None]
 
 
-@invariant(GROUP, tol.PARAMS, pinned=lambda s: [rows_with_params()], describe=no_case)
+@invariant(PARAMETERS, tol.PARAMS, pinned=lambda s: [rows_with_params()], describe=no_case)
 def params_table3(subject: Subject, rows: list) -> tuple[float, str]:
     """Each Table 3 row that prints a parameter count is within 5% of it, at the vocabulary the column implies (~41K) (paper, Table 3)."""
     worst, unbuildable = 0.0, []
@@ -71,7 +71,7 @@ def params_table3(subject: Subject, rows: list) -> tuple[float, str]:
 
 
 @invariant(
-    GROUP,
+    PARAMETERS,
     tol.COUNT,
     pinned=lambda s: [None],
     applicable=lambda s: None if s.config.share_embeddings else "config share_embeddings=false: nothing to tie",
@@ -107,7 +107,7 @@ def moved(model, run, weight: torch.Tensor, row: int) -> float:
 
 
 @invariant(
-    GROUP,
+    PARAMETERS,
     tol.COUNT,
     pinned=lambda s: [0],
     applicable=lambda s: None if s.config.share_embeddings else "config share_embeddings=false: nothing to tie",

@@ -1,4 +1,4 @@
-"""Invariant 2: without positional encoding the encoder is permutation-equivariant and cross-attention order-blind.
+"""Without positional encoding the encoder is permutation-equivariant and cross-attention order-blind.
 
 The positive control shows the check has teeth: with the encoding on, permuting the source moves the
 encoder outputs measurably. Sources are drawn with distinct tokens per row, so that a permutation
@@ -12,10 +12,9 @@ import torch
 from invariants import tolerances as tol
 from invariants.cases import Case, batch_cases, pinned_cases
 from invariants.engine import invariant
+from invariants.groups import PERMUTATION
 from invariants.subject import Subject, relative_error
 from model.batch import Batch
-
-GROUP = "2 permutation"
 
 
 def permuted(case: Case, batch: Batch, within_tokens: bool) -> tuple[torch.Tensor, Batch]:
@@ -62,14 +61,18 @@ def pinned(subject: Subject) -> list[Case]:
     return pinned_cases(subject, train=(False,), capture=(False,), src_len=6)
 
 
-@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=pinned, cases=without_pe_cases, needs=("positional_switch",))
+@invariant(
+    PERMUTATION, tol.AGREEMENT[torch.float64], pinned=pinned, cases=without_pe_cases, needs=("positional_switch",)
+)
 def permutation_encoder(subject: Subject, case: Case) -> float:
     """With positional encoding off, permuting the source tokens permutes the encoder outputs the same way (paper, sections 3.2 and 3.5)."""
     with subject.model(case.config).positional_encoding(False):
         return encoder_deviation(subject, case)
 
 
-@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=pinned, cases=without_pe_cases, needs=("positional_switch",))
+@invariant(
+    PERMUTATION, tol.AGREEMENT[torch.float64], pinned=pinned, cases=without_pe_cases, needs=("positional_switch",)
+)
 def permutation_cross_attention(subject: Subject, case: Case) -> float:
     """With positional encoding off, permuting the source leaves the decoder's logits unchanged (paper, sections 3.2.3 and 3.5)."""
     model, batch = subject.model(case.config), case.make_batch(subject, distinct=True)
@@ -80,7 +83,7 @@ def permutation_cross_attention(subject: Subject, case: Case) -> float:
 
 
 @invariant(
-    GROUP,
+    PERMUTATION,
     tol.EFFECT,
     pinned=lambda s: [c for c in pinned(s) if not c.padded],
     cases=lambda s: batch_cases(s, train=False, capture=False, padded=False, min_src=2),

@@ -12,9 +12,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from ablations.bench.gpu_parts import Outcome, Part
-from ablations.bench.gpu_report import decoding_table, training_table
-from ablations.bench.gpu_targets import HEADER, bench_targets, row, runner_targets
+from ablations.bench.check.parts import Outcome, Part
+from ablations.bench.check.targets import HEADER, bench_targets, row, runner_targets
+from ablations.bench.gpu.report import decoding_table, training_table
 from ablations.runs import folder as R
 from ablations.training.clock import percentiles
 from model.files import write_atomic
@@ -166,7 +166,7 @@ def markdown(meta: dict, parts: list[Part], outcomes: list[Outcome], body: dict[
     lines = [
         "# GPU check: the Table 3 runner on one GPU",
         "",
-        f"Run by `python -m ablations.bench.gpu_check {meta['args']}`".rstrip()
+        f"Run by `python -m ablations.bench.check {meta['args']}`".rstrip()
         + f" on {meta['device']} ({meta['peak']}), torch {meta['torch']}, Python {meta['python']}, "
         f"transformers {meta['transformers']}, commit {meta['commit']}, started {meta['date']}. Data: {meta['data']}. "
         f"Parts run: {len(outcomes)} of {len(parts)}, {total:.0f} s of at most {sum(p.limit_s for p in parts)} s. "

@@ -1,4 +1,4 @@
-"""Invariant 6 (model side): what users of such a harness also expect of any Transformer.
+"""What users of such a harness also expect of any Transformer.
 
 Padding and batch mates change nothing, eval is deterministic and dropout really acts in train mode,
 the fused and explicit attention paths agree, attention logits are scaled by 1/sqrt(d_k), embeddings
@@ -12,16 +12,14 @@ from contextlib import nullcontext
 
 import torch
 from hypothesis import strategies as st
-from torch import Tensor
 
 from invariants import tolerances as tol
 from invariants.cases import Case, batch_cases, pinned_cases
-from invariants.causal import capturing, exact_difference
 from invariants.engine import invariant
+from invariants.groups import BEHAVIOUR
+from invariants.measure import capturing, exact_difference, relative_change
 from invariants.subject import OWN_CONFIG, Overrides, Subject, random_batch, relative_error, seeded
 from model.batch import Batch
-
-GROUP = "6 expected behaviour"
 
 
 def eval_cases(subject: Subject, **fixed):
@@ -32,7 +30,7 @@ def eval_pinned(subject: Subject, **fixed):
     return pinned_cases(subject, train=(False,), **fixed)
 
 
-@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=eval_pinned, cases=eval_cases)
+@invariant(BEHAVIOUR, tol.AGREEMENT[torch.float64], pinned=eval_pinned, cases=eval_cases)
 def padding_invariance(subject: Subject, case: Case) -> float:
     """Adding pad tokens to source and target (on the source's padding side) changes no logit at a non-pad position (eval, float64) (user-observable)."""
     model, batch = subject.model(case.config), case.make_batch(subject)
@@ -60,7 +58,7 @@ def padding_invariance(subject: Subject, case: Case) -> float:
     return relative_error(after[keep], before[keep])
 
 
-@invariant(GROUP, tol.AGREEMENT[torch.float64], pinned=eval_pinned, cases=lambda s: eval_cases(s, min_batch=2))
+@invariant(BEHAVIOUR, tol.AGREEMENT[torch.float64], pinned=eval_pinned, cases=lambda s: eval_cases(s, min_batch=2))
 def batch_independence(subject: Subject, case: Case) -> float:
     """An example's logits do not depend on its batch mates: the batch equals each row run alone (eval, float64) (user-observable)."""
     model, batch = subject.model(case.config), case.make_batch(subject)
@@ -79,7 +77,7 @@ def batch_independence(subject: Subject, case: Case) -> float:
     return relative_error(together[keep], alone[keep])
 
 
-@invariant(GROUP, tol.DETERMINISM, pinned=eval_pinned, cases=eval_cases)
+@invariant(BEHAVIOUR, tol.DETERMINISM, pinned=eval_pinned, cases=eval_cases)
 def eval_determinism(subject: Subject, case: Case) -> float:
     """In eval mode two passes under different random seeds give identical logits (user-observable)."""
     model, batch = subject.model(case.config), case.make_batch(subject)
@@ -98,7 +96,7 @@ def has_dropout(subject: Subject) -> str | None:
 
 
 @invariant(
-    GROUP,
+    BEHAVIOUR,
     tol.DROPOUT,
     pinned=lambda s: pinned_cases(s, train=(True,), capture=(False,)),
     cases=lambda s: batch_cases(s, train=True, capture=False, min_src=4, min_tgt=4),
@@ -125,17 +123,8 @@ def dropout_active(subject: Subject, case: Case) -> float:
     return min(between_seeds, from_eval)
 
 
-def relative_change(a: Tensor, b: Tensor, scale_of: Tensor) -> float:
-    """max |a - b| / max |scale_of|: a difference in units of the values' own size; inf for NaN or Inf."""
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-        return float("inf")
-    scale = scale_of.abs().max().item()
-    difference = (a - b).abs().max().item()
-    return difference / scale if scale > 0 else (float("inf") if difference > 0 else 0.0)
-
-
 @invariant(
-    GROUP,
+    BEHAVIOUR,
     tol.AGREEMENT[torch.float64],
     pinned=lambda s: eval_pinned(s, capture=(False,)),
     cases=lambda s: eval_cases(s, capture=False),
@@ -185,7 +174,7 @@ def logit_spreads(subject: Subject, config: Overrides, seed: int) -> dict[str, f
 
 
 @invariant(
-    GROUP,
+    BEHAVIOUR,
     tol.SCALING,
     pinned=lambda s: [(OWN_CONFIG, 0)],
     cases=lambda s: st.tuples(
@@ -219,7 +208,7 @@ def attention_scaling(subject: Subject, config_seed: tuple[Overrides, int]) -> t
 
 
 @invariant(
-    GROUP,
+    BEHAVIOUR,
     tol.AGREEMENT[torch.float64],
     pinned=eval_pinned,
     cases=eval_cases,
@@ -247,7 +236,7 @@ def embedding_scaling(subject: Subject, case: Case) -> float:
 
 
 @invariant(
-    GROUP,
+    BEHAVIOUR,
     tol.COUNT,
     pinned=lambda s: pinned_cases(s, train=(True,), capture=(False,))[:1],
     cases=lambda s: batch_cases(s, train=True, capture=False),

@@ -1,4 +1,4 @@
-"""The GPU check's data, made beforehand on a CPU: `python -m ablations.bench.gpu_check --prepare gpu-data`.
+"""The GPU check's data, made beforehand on a CPU: `python -m ablations.bench.check --prepare gpu-data`.
 
 A prepared folder travels with the repository to the GPU machine, so that no GPU minute goes on reading corpora or
 training a tokenizer:
@@ -65,7 +65,7 @@ def check_data(folder: Path) -> CheckData:
         made = json.loads(manifest.read_text())
     except ValueError:
         raise ValueError(
-            f"{manifest} is damaged; make the folder again: python -m ablations.bench.gpu_check --prepare {folder}"
+            f"{manifest} is damaged; make the folder again: python -m ablations.bench.check --prepare {folder}"
         ) from None
     return CheckData(folder / "data", folder / "cache", made)
 

@@ -1,4 +1,4 @@
-"""Invariant 3: captured attention rows are probability distributions, padded keys get exactly 0, and a batch row
+"""Captured attention rows are probability distributions, padded keys get exactly 0, and a batch row
 with nothing to attend to (fully padded) keeps what a user observes finite.
 
 Only rows of non-pad queries are judged: the outputs at padded query positions are read by nothing (the loss
@@ -18,11 +18,12 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import Case, batch_cases, pinned_cases
 from invariants.engine import invariant
+from invariants.groups import SOFTMAX
+from invariants.measure import misshapen, place, worst_row
 from invariants.subject import Subject, seeded
 from model.batch import Batch
 from model.protocol import Seq2SeqModel
 
-GROUP = "3 softmax rows"
 EXTREME = 1e4  # decoder inputs scaled to norm ~1e4 * sqrt(d_model): scores overflow a naive float32 softmax
 
 
@@ -42,48 +43,8 @@ def query_rows(kind: str, batch: Batch) -> Tensor:
     return ~pad[:, None, :, None]
 
 
-def misshapen(records: list, batch: Batch) -> str:
-    """A note naming the captured records whose probabilities are not (B, h, T_q, T_k) for their kind (queries from the
-    source in the encoder, from the target in the decoder and cross-attention; keys from the source in the encoder and
-    cross-attention, from the target in the decoder), '' when all fit. Such a record has no padded or future keys to
-    locate: the checks that read it fail, with this note, rather than raise."""
-    B, S, T = batch.src.size(0), batch.src.size(1), batch.tgt.size(1)
-    expected = {"encoder_self": (S, S), "decoder_self": (T, T), "cross": (T, S)}
-    wrong = []
-    for r in records:
-        queries_keys = expected.get(r.kind)
-        if queries_keys is None:
-            wrong.append(f"a record of unknown kind {r.kind!r}")
-        elif r.probs.dim() != 4 or r.probs.size(0) != B or tuple(r.probs.shape[-2:]) != queries_keys:
-            wrong.append(
-                f"{r.kind} layer {r.layer} of shape {tuple(r.probs.shape)} where ({B}, h, {queries_keys[0]}, "
-                f"{queries_keys[1]}) is expected"
-            )
-    if not wrong:
-        return ""
-    return f"captured probabilities of the wrong shape: {'; '.join(wrong[:2])}{' ...' if len(wrong) > 2 else ''}"
-
-
-KINDS = {
-    "encoder_self": "encoder self-attention",
-    "decoder_self": "decoder self-attention",
-    "cross": "encoder-decoder attention",
-}
 # What a row with nothing to attend to in a one-position sequence breaks besides the softmax properties.
 CONSEQUENCES = "dropout_sites, whose one-position sequences then get no sub-layer output from that attention"
-
-
-def place(record, b: int, head: int, query: int) -> str:
-    """Where a captured row is, in words: the attention kind, layer, head, query position and batch row."""
-    kind = KINDS.get(record.kind, record.kind)
-    return f"{kind}, layer {record.layer}, head {head}, query position {query} (batch row {b})"
-
-
-def worst_row(per_row: Tensor) -> tuple[float, tuple[int, int, int]]:
-    """The largest entry of a (B, h, T_q) error and its (batch row, head, query position)."""
-    flat = int(per_row.flatten().argmax())
-    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), per_row.shape))
-    return per_row.flatten()[flat].item(), index
 
 
 def dead_row_hint(record, b: int, query: int, visible: int) -> str:
@@ -119,7 +80,7 @@ def captured(model: Seq2SeqModel, batch: Batch, case: Case, scale: float = 1.0, 
 
 
 @invariant(
-    GROUP,
+    SOFTMAX,
     tol.ROW_SUM[torch.float32],
     pinned=lambda s: list(zip(pinned_cases(s, train=(False,), capture=(True,)), (1.0, EXTREME))),
     cases=lambda s: st.tuples(batch_cases(s, train=False, capture=True), st.sampled_from([1.0, EXTREME])),
@@ -165,7 +126,7 @@ def describe_loud(case_scale: tuple[Case, float]) -> str:
 
 
 @invariant(
-    GROUP,
+    SOFTMAX,
     tol.EXACT,
     pinned=lambda s: list(zip(pinned_cases(s, capture=(True,), padded=(True,)), (1.0, EXTREME))),
     cases=lambda s: st.tuples(batch_cases(s, capture=True, padded=True), st.sampled_from([1.0, EXTREME])),
@@ -226,7 +187,7 @@ def dead_row_convention(records: list, batch: Batch) -> str:
 
 
 @invariant(
-    GROUP,
+    SOFTMAX,
     tol.COUNT,
     pinned=lambda s: list(zip(pinned_cases(s, padded=(False,))[::-1], ("both", "target"))),
     cases=lambda s: st.tuples(batch_cases(s, padded=False), st.sampled_from(FULLY_PADDED)),

@@ -1,7 +1,7 @@
-"""`python -m ablations.bench.gpu_check --data gpu-data --out DIR`: what one GPU must show, in at most 8 minutes.
+"""`python -m ablations.bench.check --data gpu-data --out DIR`: what one GPU must show, in at most 8 minutes.
 
 Beforehand, on a CPU: `--prepare gpu-data` copies the corpora and builds the BPE and encoded sets the parts use
-(ablations/bench/gpu_prepare.py), so that no GPU minute trains a tokenizer. On the GPU, four parts, each a process
+(ablations/bench/check/prepare.py), so that no GPU minute trains a tokenizer. On the GPU, four parts, each a process
 (or a few, in stages) under its own time limit, each reported whether or not another failed:
 
     bench     the GPU benchmark at the base size (python -m ablations.bench.gpu)                          170 s
@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ablations.bench import gpu_prepare
-from ablations.bench.gpu_check_report import (
+from ablations.bench.check import prepare
+from ablations.bench.check.report import (
     BENCH,
     OUT,
     WORK,
@@ -47,7 +47,7 @@ from ablations.bench.gpu_check_report import (
     tests_lines,
     write_report,
 )
-from ablations.bench.gpu_parts import Outcome, Part, Stage, become_subreaper, run_part, utc_now
+from ablations.bench.check.parts import Outcome, Part, Stage, become_subreaper, run_part, utc_now
 from ablations.bench.report import SHOWN_AS, machine, shown_args
 from ablations.data.corpora import data_dir
 from ablations.grid.runner import describe_device
@@ -56,7 +56,7 @@ from ablations.training.peaks import peak
 from ablations.training.stopping import stops_cleanly
 from invariants.report import writable_folder
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 LIMITS = {"bench": 170, "runner": 165, "torchrun": 45, "tests": 80}  # seconds; 460 in all
 QUICK_LIMIT = 60  # each part of --quick
 RUNNER = {"runner": ("short", "base"), "torchrun": ("smoke", "D1")}  # the (budget, row) each run part trains
@@ -75,7 +75,7 @@ DEVICE_TESTS = (
 class CheckOptions:
     device: str  # as given: the parts resolve it themselves
     quick: bool
-    data: gpu_prepare.CheckData
+    data: prepare.CheckData
     work: Path
     keep: bool  # the work folder was given: it stays
     out: Path  # the folder every report and log goes to
@@ -193,7 +193,7 @@ def check(o: CheckOptions, parts: list[Part], meta: dict) -> list[Outcome]:
     body: dict[str, list[str]] = {"targets": []}
     kept: dict[str, dict] = {}  # part -> its run's records
     (o.out / "logs").mkdir(parents=True, exist_ok=True)
-    gpu_prepare.seed_runs(o.data, o.work / "runs")
+    prepare.seed_runs(o.data, o.work / "runs")
     with tqdm(parts, desc="gpu check", unit="part", dynamic_ncols=True) as bar:
         for part in bar:
             bar.set_postfix(part=part.name, limit=f"{part.limit_s} s")
@@ -237,7 +237,7 @@ def set_earlier_aside(out: Path) -> None:
 
 
 def parse(argv: list[str]) -> CheckOptions:
-    p = OneLineParser(prog="python -m ablations.bench.gpu_check", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m ablations.bench.check", description=__doc__.split("\n")[0])
     p.add_argument(
         "--data", help="a prepared folder (gpu-data) or a data folder (default: $AIAYN_DATA, ../shared/data)"
     )
@@ -260,7 +260,7 @@ def parse(argv: list[str]) -> CheckOptions:
     if out.suffix == ".md" or out.is_file():
         raise ValueError(f"--out {a.out}: give a folder (the check writes several files into it), e.g. reports/gpu")
     writable_folder(out)
-    data = gpu_prepare.check_data(data_dir(a.data).resolve())
+    data = prepare.check_data(data_dir(a.data).resolve())
     try:
         work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="gpu-check-"))
         work.mkdir(parents=True, exist_ok=True)
@@ -307,13 +307,11 @@ def stamp(o: CheckOptions) -> dict:
 
 
 def prepare_main(argv: list[str]) -> int:
-    p = OneLineParser(
-        prog="python -m ablations.bench.gpu_check --prepare", description=gpu_prepare.__doc__.split("\n")[0]
-    )
+    p = OneLineParser(prog="python -m ablations.bench.check --prepare", description=prepare.__doc__.split("\n")[0])
     p.add_argument("--prepare", required=True, help="the folder to make, e.g. gpu-data (git-ignored)")
     p.add_argument("--data", help="the data folder to copy (default: $AIAYN_DATA, ../shared/data)")
     a = p.parse_args(argv)
-    gpu_prepare.prepare(data_dir(a.data), Path(a.prepare))
+    prepare.prepare(data_dir(a.data), Path(a.prepare))
     return 0
 
 

@@ -10,8 +10,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ablations.bench import peers
-from ablations.bench.gpu_timing import MEASURED, TIME_UP, Deadline, failure, synced
-from ablations.bench.measure import alternate
+from ablations.bench.gpu.timing import MEASURED, TIME_UP, Deadline, failure, synced
+from ablations.bench.workload import alternate
 from ablations.data.bpe import PAD
 from ablations.scoring.decoding import beam_search
 from ablations.training.backends import sdpa_backend

@@ -25,8 +25,8 @@ from torch.fx.experimental import _config as fx_config
 from tqdm.auto import tqdm
 
 from ablations.bench import peers
-from ablations.bench.measure import alternate
 from ablations.bench.variants import VARIANTS
+from ablations.bench.workload import alternate
 from ablations.training.backends import sdpa_backend
 from ablations.training.clock import percentiles
 from ablations.training.compiling import compile_model, compiles

@@ -1,4 +1,4 @@
-"""`python -m ablations.bench.profiling`: where the time of the CPU budget's training step and of beam search goes.
+"""`python -m ablations.bench.cpu.profiling`: where the time of the CPU budget's training step and of beam search goes.
 
 Shares of CPU time by kind of operation (torch.profiler, self time of each aten op), for the scaled base model (the
 cpu budget's sizes and vocabulary) on one thread: a training step on Multi30k training batches of the budget's size, and
@@ -19,8 +19,9 @@ from typing import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ablations.bench.measure import CLOCKS, fixed_length_sources, scaled
+from ablations.bench.cpu.measure import CLOCKS, scaled
 from ablations.bench.report import machine, output_path
+from ablations.bench.workload import fixed_length_sources
 from ablations.data.batching import BatchStream
 from ablations.data.bpe import PAD
 from ablations.data.corpora import data_dir
@@ -88,7 +89,7 @@ def table(title: str, share: dict[str, float]) -> list[str]:
 
 @stops_cleanly("nothing written (an earlier report is as it was); run the same command again")
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ablations.bench.profiling", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ablations.bench.cpu.profiling", description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)")
     parser.add_argument("--runs", default="runs", help="where the BPE cache lives")
     parser.add_argument("--steps", type=int, default=20, help="training steps profiled and timed (default 20)")
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     train_shares = shares(train)
     step_s = median_seconds(train, 1, CLOCKS["cpu"]) / len(batches)
     meta = machine()
-    command = " ".join(["python -m ablations.bench.profiling", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(["python -m ablations.bench.cpu.profiling", *(argv if argv is not None else sys.argv[1:])])
     lines = [
         "# Where the time goes: the cpu budget's training step and beam search",
         "",

@@ -1,4 +1,4 @@
-"""Invariant 4: the positional encoding of section 3.5 reaches both stacks, and its sinusoids are the paper's, by
+"""The positional encoding of section 3.5 reaches both stacks, and its sinusoids are the paper's, by
 algebra (PE(p + k) linear in PE(p), in any column layout) and by value (sin and cos interleaved).
 
 The two sinusoid checks are kept apart because they fail for different reasons; whether a table is sinusoidal at all
@@ -15,9 +15,9 @@ from torch import Tensor
 from invariants import tolerances as tol
 from invariants.cases import small_configs
 from invariants.engine import NotApplicable, invariant
+from invariants.groups import POSITIONAL
 from invariants.subject import OWN_CONFIG, Overrides, Subject, distinctness, relative_error, tokens
 
-GROUP = "4 positional encoding"
 POSITIONS = 1024  # rows of the table examined (fewer if max_len is smaller)
 ROWS_PER_DIM = 1.5  # a linear fit needs at least this many equations per unknown to mean anything
 SINUSOID_COLUMNS = 1e-3  # median column-recurrence residual below which a table counts as sinusoidal
@@ -78,7 +78,7 @@ def offsets(subject: Subject) -> st.SearchStrategy:
 
 
 @invariant(
-    GROUP,
+    POSITIONAL,
     tol.PE_VALUES,
     pinned=lambda s: [(OWN_CONFIG, 1), (OWN_CONFIG, 17)],
     cases=offsets,
@@ -112,7 +112,7 @@ def layout_note(values: Tensor, expected: Tensor) -> str:
 
 
 @invariant(
-    GROUP,
+    POSITIONAL,
     tol.PE_VALUES,
     pinned=lambda s: [(OWN_CONFIG, 0), (OWN_CONFIG, 1)],
     cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)),
@@ -135,7 +135,7 @@ def has_positions(subject: Subject) -> str | None:
 
 
 @invariant(
-    GROUP,
+    POSITIONAL,
     tol.POSITIONS,
     pinned=lambda s: [(OWN_CONFIG, 0)],
     cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)),
@@ -163,7 +163,7 @@ def positions_distinguished(subject: Subject, case: tuple[Overrides, int]) -> tu
 
 
 @invariant(
-    GROUP,
+    POSITIONAL,
     tol.AGREEMENT[torch.float64],
     pinned=lambda s: [(OWN_CONFIG, 0)],
     cases=lambda s: st.tuples(small_configs(), st.integers(0, 2**16)),

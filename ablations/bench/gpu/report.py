@@ -1,5 +1,5 @@
 """The GPU benchmark's report (reports/bench-gpu.md and .json): the machine, how the steps were timed, and the tables
-of ablations/bench/gpu_timing.py's rows. Only measured numbers; an entry without a timing says why. Rewritten at every
+of ablations/bench/gpu/timing.py's rows. Only measured numbers; an entry without a timing says why. Rewritten at every
 stage of the run, so that a stop or a kill leaves the last complete report, marked with how far it got."""
 
 from __future__ import annotations

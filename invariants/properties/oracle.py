@@ -1,4 +1,4 @@
-"""Invariant 10: the paper as an oracle. The model's own weights, handed over in the paper's layout
+"""The paper as an oracle. The model's own weights, handed over in the paper's layout
 (model/paper_params.py), are loaded into the reference at the model's config; in float64 and eval mode the two must
 agree on the encoder's output, the decoder's logits, the whole forward pass and cached decoding, on drawn batches.
 
@@ -24,10 +24,11 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from invariants import tolerances as tol
-from invariants.localise import NO_SUBLAYERS, Oracle, gap, localise, note  # noqa: F401  (localise: the tests')
-from invariants.pristine import pristine
 from invariants.cases import small_configs
 from invariants.engine import invariant
+from invariants.groups import ORACLE
+from invariants.localise import NO_SUBLAYERS, Oracle, gap, localise, note  # noqa: F401  (localise: the tests')
+from invariants.pristine import pristine
 from invariants.subject import OWN_CONFIG, Overrides, Refused, Subject, random_batch
 from model.batch import Batch
 from model.config import TransformerConfig
@@ -37,7 +38,6 @@ from model.protocol import Seq2SeqModel
 from model.table3 import table3_rows
 from model.transformer import Transformer
 
-GROUP = "10 the paper as an oracle"
 NO_LAYOUT = "the model does not hand its weights over in the paper's layout (see docs/plugging-in.md)"
 
 
@@ -284,7 +284,7 @@ def prepared(subject: Subject, case: OracleCase) -> tuple[Seq2SeqModel, Oracle, 
 
 def oracle_property(needs: tuple[str, ...] = (), padding: tuple[str, ...] = ("none", "right", "left")):
     return invariant(
-        GROUP,
+        ORACLE,
         tol.ORACLE,
         pinned=pinned_cases,
         cases=lambda s: oracle_cases(tuple(p for p in padding if p == "none" or p in s.padding_sides)),
@@ -337,7 +337,7 @@ def oracle_cached_decoding(subject: Subject, case: OracleCase) -> tuple[float, s
     return error, note(error, model, o, b)
 
 
-@invariant(GROUP, tol.COUNT, pinned=lambda s: [OWN_CONFIG], applicable=hands_over_weights)
+@invariant(ORACLE, tol.COUNT, pinned=lambda s: [OWN_CONFIG], applicable=hands_over_weights)
 def paper_parameters(subject: Subject, config: Overrides) -> tuple[float, str]:
     """The model holds the paper's parameters, no fewer and no more: FFN and LayerNorm biases, no pre-softmax bias, no learned scale on the positions (paper, sections 3.1-3.5).
 

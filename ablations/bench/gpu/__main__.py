@@ -6,7 +6,7 @@ Every system trains on the same real training batches of the short budget (its d
 padded to multiples of 8 as the runner pads them), repetitions interleaved across systems. Step times are reported
 as p50/p99/max with warm-up and compiling apart, and MFU against the card's bf16 dense peak. `--device cpu --sizes
 tiny` runs the same code in seconds (fp32, no MFU: there is no bf16 peak to hold a CPU to). Writes
-reports/bench-gpu.md and reports/bench-gpu.json, from the start and at every stage (ablations/bench/gpu_report.py's
+reports/bench-gpu.md and reports/bench-gpu.json, from the start and at every stage (ablations/bench/gpu/report.py's
 Progress); docs/benchmark.md ("On a GPU") says what is measured. `--prepared DIR` loads the data that
 ablations/grid/prepared.py saved there (the GPU check's --prepare), so that no BPE is trained on the GPU's clock.
 """
@@ -22,9 +22,9 @@ from typing import Callable
 
 import torch
 
-from ablations.bench.gpu_decoding import build_searches, time_decoding
-from ablations.bench.gpu_report import Progress
-from ablations.bench.gpu_timing import (
+from ablations.bench.gpu.decoding import build_searches, time_decoding
+from ablations.bench.gpu.report import Progress
+from ablations.bench.gpu.timing import (
     MODES,
     SYSTEMS,
     Deadline,
@@ -36,16 +36,17 @@ from ablations.bench.gpu_timing import (
     training_rows,
     warm_up,
 )
-from ablations.bench.measure import fixed_length_sources
 from ablations.bench.report import machine, output_path, shown_args
 from ablations.bench.shapes import stream_shapes
+from ablations.bench.workload import fixed_length_sources
 from ablations.data.batching import BatchStream
 from ablations.data.corpora import data_dir
 from ablations.grid.prepared import load_prepared, save_prepared
-from ablations.grid.runner import PreparedData, describe_device, peak_flops, prepare_data
+from ablations.grid.runner import PreparedData, describe_device, prepare_data
 from ablations.runs.budgets import budget, row_config, select_rows
 from ablations.runs.options import FORESEEN, OneLineParser, check_counts, failed, resolve_device
 from ablations.training.backends import SDPA_BACKENDS
+from ablations.training.peaks import peak_flops
 from ablations.training.stopping import Stopped, stops_cleanly
 from model import TransformerConfig
 from model.files import StorageError
