@@ -6,7 +6,7 @@ of section 3.2.2, W1, b1, W2, b2 of eq. (2), and the LayerNorm after each sub-la
 them in that orientation; an adapter fills it from its own parameter names (a torch Linear's weight is W transposed).
 A parameter the paper has and the model lacks is None (a finding); parameters beyond the paper go into `extras` under
 the model's own names. `export_paper_params` / `load_paper_params` do it for the reference; `sublayer_recorder`
-records the sub-layer outputs of `SITES` with forward hooks, for the oracle's localisation (invariants/oracle.py).
+records the sub-layer outputs of `SITES` with forward hooks, for the oracle's localisation (invariants/properties/oracle.py).
 """
 
 from __future__ import annotations
@@ -272,7 +272,7 @@ def _ffn(f: nn.Module, given: FeedForward) -> None:
 def load_paper_params(model: nn.Module, params: PaperParams, positions: Tensor | None = None) -> None:
     """Copy params into the reference (built at the model's config, embeddings untied where the model's are not);
     what the model lacks is loaded as the neutral value (a bias of 0, a gain of 1). `positions` replaces the table the
-    reference adds (the oracle's choice, see invariants/oracle.py); extras are not loaded: the paper has no place for them."""
+    reference adds (the oracle's choice, see invariants/properties/oracle.py); extras are not loaded: the paper has no place for them."""
     check_shapes(params, model.config)
     model.src_embed.weight.copy_(params.source_embedding)
     model.tgt_embed.weight.copy_(params.target_embedding)

@@ -100,7 +100,7 @@ class Seq2SeqModel(Protocol):
 @runtime_checkable
 class PaperLayout(Protocol):
     """Optional members, not part of Seq2SeqModel: a model that has them can be checked against the paper's equations
-    holding its own weights (invariants/oracle.py); one without them gets those checks "not applicable"."""
+    holding its own weights (invariants/properties/oracle.py); one without them gets those checks "not applicable"."""
 
     def paper_params(self) -> PaperParams:
         """The weights in the paper's layout: embeddings (3.4), W^Q_i, W^K_i, W^V_i, W^O (3.2.2), W1, b1, W2, b2

@@ -156,7 +156,7 @@ class Transformer(nn.Module):
         return {"source": self.src_embed.weight, "target": self.tgt_embed.weight, "generator": self.generator.weight}
 
     def paper_params(self) -> PaperParams:
-        """The weights in the paper's layout (model/paper_params.py), for the oracle (invariants/oracle.py)."""
+        """The weights in the paper's layout (model/paper_params.py), for the oracle (invariants/properties/oracle.py)."""
         return export_paper_params(self)
 
     def paper_sublayers(self, src: Tensor, tgt: Tensor, src_pad: Tensor, tgt_pad: Tensor) -> dict[str, Tensor]:
