@@ -237,8 +237,9 @@ def own(name: str) -> None:
 
 
 def harness(module: str) -> ModuleType:
-    """A module of the harness ('invariants.engine'), its packages imported on first use (`model` first: `invariants`
-    imports it)."""
+    """A module of the harness ('invariants.engine'), its packages imported on first use (`plumbing` and `model` first:
+    `invariants` imports them)."""
+    own("plumbing")
     own("model")
     own("invariants")
     return importlib.import_module(module)

@@ -22,9 +22,10 @@ from ablations.runs.options import RunOptions
 from ablations.runs.outcomes import summary
 from ablations.studies import attention_data
 from ablations.training.distributed import backend, check_accumulation, from_environment, main_first, setup, teardown
-from ablations.training.stopping import Stopped, graceful_stops
 from ablations.training.throughput import choose_threads
-from model.files import write_atomic
+from plumbing import cli
+from plumbing.files import write_atomic
+from plumbing.stopping import Stopped, graceful_stops
 
 
 def cmd_run(options: RunOptions) -> int:
@@ -132,9 +133,7 @@ def recorded_data(budget: Budget, ended: list[Path]) -> tuple[Budget, str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = options.OneLineParser(
-        prog="python -m ablations", description="Train and score the rows of the paper's Table 3."
-    )
+    p = cli.OneLineParser(prog="python -m ablations", description="Train and score the rows of the paper's Table 3.")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train and score a grid of rows (resumes, skips finished runs)")
     options.add_arguments(run)

@@ -29,8 +29,8 @@ from invariants.guard import DEFAULT_TIMEOUT_S, STOP, stop_on
 from invariants.mutants import MUTANTS
 from invariants.subject import Subject
 from invariants.suite import PROPERTIES, Interrupted, run_suite, select
-from model.files import StorageError
 from model.registry import ModelSpec, SpecError, default_spec, parse_config_overrides, parse_spec
+from plumbing.files import StorageError, writable_folder
 
 DEFAULT_OUT = Path("reports/invariants")  # the published reports: the kill matrix's default, others' by --out
 USER_OUT = Path("runs/invariants")  # every model's report without --out: beside the user's runs, out of git
@@ -150,13 +150,13 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
             raise ValueError("--replay needs --only with exactly one property (the one the line came from)")
         if args.kill_matrix:
             args.out = (args.out or DEFAULT_OUT).resolve()
-            report.writable_folder(args.out)
+            writable_folder(args.out)
             return kill_matrix(args, settings, profile_name, command, str(device.resolve(args.device)))
         if args.timeout < 0:
             raise ValueError(f"--timeout {args.timeout:g}: give seconds, or 0 for no limit")
         spec = parse_spec(args.model if args.model is not None else default_spec())
         args.out = (args.out or default_out(spec)).resolve()  # before the adapter is imported (it may chdir)
-        report.writable_folder(args.out)
+        writable_folder(args.out)
         target = str(device.resolve(args.device))
         start = time.perf_counter()
         subject = Subject(spec, target)

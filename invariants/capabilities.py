@@ -84,7 +84,7 @@ PROBES: dict[str, Probe] = {
     ),
     "kv_cache": Probe(
         "new_cache() and decode(..., cache)",
-        "return a model.attention.KVCache subclass from new_cache() and decode only the new positions with it",
+        "return a model.cache.KVCache subclass from new_cache() and decode only the new positions with it",
         _kv_cache,
     ),
     "positional_table": Probe(

@@ -17,7 +17,8 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-from model.attention import AttentionRecord, KVCache
+from model.attention import AttentionRecord
+from model.cache import KVCache
 from model.paper_params import moved
 from model.protocol import Seq2SeqModel
 

@@ -42,6 +42,9 @@ PASS, FAIL, NOT_APPLICABLE, ERROR = "pass", "fail", "not_applicable", "error"
 VERDICTS = (PASS, FAIL, NOT_APPLICABLE, ERROR)
 FIXED = "fixed: the case that failed now passes"  # a replayed failure that no longer fails
 NOT_RUN = "not run: contract breach"  # a property that calls a member which breaks the protocol's contract
+# The seed of the derandomized profile (ci): hypothesis would derive it from the source of the function it
+# drives, so that any edit to this module drew other cases for every property; pinned to what it derived until now.
+DERANDOMIZED_SEED = 0x68179C81C3C21C82C1FCB526F6F9954DA002A7FB3E86964C83DC34C955F8C953C0A26C1569615C06CF643F43688EF191
 
 
 def invocation() -> str:
@@ -214,73 +217,21 @@ def _run(
         result.verdict, result.reason = NOT_APPLICABLE, limit
         return result
 
-    worst_note = [""]  # the note of the worst case, for the report
-    failing: list[tuple[float, str]] = []  # (error, note) of the last case that broke the tolerance: the one reported
-
-    skipped: dict[str, str] = {}  # cases left out (a config the adapter refuses, ...) -> why
-
-    def body(case: Any) -> None:
-        try:
-            with torch.no_grad():  # checks that need gradients ask for them with torch.enable_grad()
-                measured = prop.check(subject, case)
-        except Skipped as exc:
-            skipped[exc.what] = exc.why
-            hypothesis.reject()
-        error, note = measured if isinstance(measured, tuple) else (measured, "")
-        error = float(error)
-        result.examples += 1
-        if not math.isfinite(error):  # NaN or Inf meets no bound, whichever its direction
-            result.worst_error, worst_note[0] = error, note
-            failing[:] = [(error, note)]
-            raise Violation(f"measured {error}{_on(prop, case)}: not a finite number, which never passes")
-        if result.worst_error is None or _worse(error, result.worst_error, tol):
-            result.worst_error, worst_note[0] = error, note
-        elif note and not worst_note[0] and error == result.worst_error:
-            worst_note[0] = note  # an equally bad case that has something to say
-        if tol.violated(error):
-            failing[:] = [(error, note)]
-            raise Violation(f"error {error:.3g} breaks the tolerance ({tol.bound} {tol.value:g}){_on(prop, case)}")
-
+    judge = Judge(prop, subject, tol, result)
     settings = suite_settings(settings or profiles.profile(profiles.default_name()))
     if seed is None and not settings.derandomize:
         seed = random.getrandbits(32)
-    command = f"{invocation()} --model '{subject.name}' --only {prop.name}"
-    command += f" --device {subject.device}" if subject.device.type != "cpu" else ""
-    command += (
-        f" --profile {profile or 'ci'}"
-        if settings.derandomize
-        else f"{' --profile ' + profile if profile else ''} --seed {seed}"
-    )
+    command = _replay_command(prop, subject, settings, seed, profile)
     try:
         with time_limit(timeout):
-            why_not = subject.lacks(*prop.needs) or prop.applicable(subject)
-            if why_not:
-                raise NotApplicable(why_not)
-            if prop.cases is None:  # a fixed set of cases: nothing for hypothesis to draw
-                for case in prop.pinned(subject):
-                    try:
-                        body(case)
-                    except UnsatisfiedAssumption:  # a skipped case
-                        pass
-                if skipped and not result.examples:
-                    raise NotApplicable(f"every case was skipped: {_skips(skipped)}")
-            else:
-                test = given(case=prop.cases(subject))(body)
-                for case in reversed(prop.pinned(subject)):
-                    test = example(case=case)(test)
-                test = settings(test)
-                if not settings.derandomize:
-                    test = hypothesis.seed(seed)(test)
-                if replay is not None:
-                    test = hypothesis.reproduce_failure(*replay)(test)
-                test()
+            _drive(prop, subject, judge, settings, seed, replay)
     except NotApplicable as exc:
         result.verdict, result.reason = NOT_APPLICABLE, str(exc)
         result.seconds = time.perf_counter() - start
         return result
     except Unsatisfiable:  # every case was skipped
         result.verdict = NOT_APPLICABLE
-        result.reason = f"every case was skipped: {_skips(skipped)}"
+        result.reason = f"every case was skipped: {_skips(judge.skipped)}"
         result.seconds = time.perf_counter() - start
         return result
     except DidNotReproduce:  # raised only under --replay: the replayed case ran and met the tolerance
@@ -294,36 +245,126 @@ def _run(
     except BaseException as exc:  # a violation fails; anything else raised is an error, never counted as a finding
         if harness_stop(exc):  # Ctrl-C or SIGTERM: the suite stops (an adapter's own SystemExit does not)
             raise
-        result.verdict = FAIL if isinstance(exc, Violation) else ERROR
-        hypothesis_notes = [n.strip() for n in getattr(exc, "__notes__", [])]
-        blob = next(
-            (
-                n.split("adding ", 1)[1].split(" as a decorator")[0]
-                for n in hypothesis_notes
-                if "@reproduce_failure" in n
-            ),
-            "",
-        )
-        where = "" if isinstance(exc, Violation) else member_at_fault(exc)
-        what = str(exc) if isinstance(exc, Violation) else f"raised {type(exc).__name__}: {exc}"
-        what += f" (in {where})" if where else ""
-        result.reason = " ".join(what.split())[:500]
-        result.reproduce = command + (f' --replay "{blob}"' if blob else "")
-    if failing and result.verdict == FAIL:  # the failing case's own note, then the worst case's where it differs
-        error, note = failing[-1]
-        notes = [f"on that case: {note}"] if note else []
-        if worst_note[0] and worst_note[0] != note:
-            worst = worst_note[0].split("; ")[0]  # its first clause: the rest repeats the failing case's explanation
-            notes.append(f"at the worst error measured ({result.worst_error:.3g}), on another case: {worst}")
-        result.reason = "; ".join([result.reason, *notes])
-    elif worst_note[0]:
-        result.reason = "; ".join([result.reason, worst_note[0]]).strip("; ")
-    if skipped and result.verdict in (PASS, FAIL):
-        result.reason = "; ".join([result.reason, f"cases skipped: {_skips(skipped)}"]).strip("; ")
-    if judged_at and result.verdict in (PASS, FAIL):
-        result.reason = "; ".join([result.reason, judged_at]).strip("; ")
+        _raised(result, exc, command)
+    result.reason = "; ".join([result.reason, *judge.notes(judged_at)]).strip("; ")
     result.seconds = time.perf_counter() - start
     return result
+
+
+class Judge:
+    """Measures one case at a time into `result` (examples, worst error), keeping the note of the worst case, the
+    failing case and the skipped cases for the reason; a case that breaks the tolerance raises Violation."""
+
+    def __init__(self, prop: Property, subject: Subject, tol: Tolerance, result: Result) -> None:
+        self.prop, self.subject, self.tol, self.result = prop, subject, tol, result
+        self.worst_note = ""  # the note of the worst case, for the report
+        self.failing: tuple[float, str] | None = None  # (error, note) of the last case that broke the tolerance
+        self.skipped: dict[str, str] = {}  # cases left out (a config the adapter refuses, ...) -> why
+
+    def __call__(self, case: Any) -> None:
+        result, tol = self.result, self.tol
+        try:
+            with torch.no_grad():  # checks that need gradients ask for them with torch.enable_grad()
+                measured = self.prop.check(self.subject, case)
+        except Skipped as exc:
+            self.skipped[exc.what] = exc.why
+            hypothesis.reject()
+        error, note = measured if isinstance(measured, tuple) else (measured, "")
+        error = float(error)
+        result.examples += 1
+        if not math.isfinite(error):  # NaN or Inf meets no bound, whichever its direction
+            result.worst_error, self.worst_note = error, note
+            self.failing = (error, note)
+            raise Violation(f"measured {error}{_on(self.prop, case)}: not a finite number, which never passes")
+        if result.worst_error is None or _worse(error, result.worst_error, tol):
+            result.worst_error, self.worst_note = error, note
+        elif note and not self.worst_note and error == result.worst_error:
+            self.worst_note = note  # an equally bad case that has something to say
+        if tol.violated(error):
+            self.failing = (error, note)
+            raise Violation(f"error {error:.3g} breaks the tolerance ({tol.bound} {tol.value:g}){_on(self.prop, case)}")
+
+    def notes(self, judged_at: str) -> list[str]:
+        """What the reason adds to the verdict: the failing case's note, then the worst case's where it differs (or the
+        worst case's note on a pass), the cases skipped, and the precision the model was judged at."""
+        verdict, notes = self.result.verdict, []
+        if self.failing and verdict == FAIL:
+            note = self.failing[1]
+            notes += [f"on that case: {note}"] if note else []
+            if self.worst_note and self.worst_note != note:
+                worst = self.worst_note.split("; ")[0]  # its first clause: the rest repeats the failing case's
+                notes.append(f"at the worst error measured ({self.result.worst_error:.3g}), on another case: {worst}")
+        elif self.worst_note:
+            notes.append(self.worst_note)
+        if self.skipped and verdict in (PASS, FAIL):
+            notes.append(f"cases skipped: {_skips(self.skipped)}")
+        if judged_at and verdict in (PASS, FAIL):
+            notes.append(judged_at)
+        return notes
+
+
+def _drive(
+    prop: Property,
+    subject: Subject,
+    judge: Judge,
+    settings: hypothesis.settings,
+    seed: int | None,
+    replay: tuple[str, bytes] | None,
+) -> None:
+    """Feed the judge the pinned cases, then hypothesis's draws (or, for a property with fixed cases, those alone)."""
+    why_not = subject.lacks(*prop.needs) or prop.applicable(subject)
+    if why_not:
+        raise NotApplicable(why_not)
+    if prop.cases is None:  # a fixed set of cases: nothing for hypothesis to draw
+        for case in prop.pinned(subject):
+            try:
+                judge(case)
+            except UnsatisfiedAssumption:  # a skipped case
+                pass
+        if judge.skipped and not judge.result.examples:
+            raise NotApplicable(f"every case was skipped: {_skips(judge.skipped)}")
+        return
+
+    def body(case: Any) -> None:
+        judge(case)
+
+    test = given(case=prop.cases(subject))(body)
+    for case in reversed(prop.pinned(subject)):
+        test = example(case=case)(test)
+    test = settings(test)
+    test = hypothesis.seed(DERANDOMIZED_SEED if settings.derandomize else seed)(test)
+    if replay is not None:
+        test = hypothesis.reproduce_failure(*replay)(test)
+    test()
+
+
+def _replay_command(
+    prop: Property, subject: Subject, settings: hypothesis.settings, seed: int | None, profile: str
+) -> str:
+    """The command that runs this property alone on this model again, with the profile or seed that drew its cases."""
+    command = f"{invocation()} --model '{subject.name}' --only {prop.name}"
+    command += f" --device {subject.device}" if subject.device.type != "cpu" else ""
+    return command + (
+        f" --profile {profile or 'ci'}"
+        if settings.derandomize
+        else f"{' --profile ' + profile if profile else ''} --seed {seed}"
+    )
+
+
+def _raised(result: Result, exc: BaseException, command: str) -> None:
+    """A case that broke the tolerance fails; anything else raised is an error naming where; both get the command that
+    replays them (with hypothesis's @reproduce_failure blob where it printed one)."""
+    result.verdict = FAIL if isinstance(exc, Violation) else ERROR
+    hypothesis_notes = [n.strip() for n in getattr(exc, "__notes__", [])]
+    blob = next(
+        (n.split("adding ", 1)[1].split(" as a decorator")[0] for n in hypothesis_notes if "@reproduce_failure" in n),
+        "",
+    )
+    where = "" if isinstance(exc, Violation) else member_at_fault(exc)
+    what = str(exc) if isinstance(exc, Violation) else f"raised {type(exc).__name__}: {exc}"
+    what += f" (in {where})" if where else ""
+    result.reason = " ".join(what.split())[:500]
+    result.reproduce = command + (f' --replay "{blob}"' if blob else "")
 
 
 def _on(prop: Property, case: Any) -> str:

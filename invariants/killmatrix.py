@@ -21,9 +21,9 @@ from invariants.engine import ERROR, FAIL, NOT_APPLICABLE
 from invariants.mutants import MUTANTS
 from invariants.subject import OWN_CONFIG, Overrides
 from invariants.suite import PROPERTIES, run_suite
-from model.files import write_atomic
-from model.provenance import git_commit
 from model.registry import ModelSpec, format_config_overrides
+from plumbing.files import write_atomic
+from plumbing.provenance import git_commit
 
 CELL = {FAIL: "x", NOT_APPLICABLE: "-", "pass": ".", ERROR: "E"}
 

@@ -6,7 +6,6 @@ import datetime
 import json
 import math
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,8 @@ import torch
 from tabulate import tabulate
 
 from invariants.engine import ERROR, FAIL, NOT_APPLICABLE, PASS, VERDICTS, Result
-from model.files import write_atomic
-from model.provenance import git_commit
+from plumbing.files import write_atomic
+from plumbing.provenance import git_commit
 
 MARK = {PASS: "pass", FAIL: "FAIL", NOT_APPLICABLE: "n/a", ERROR: "ERROR"}
 PARTIAL = ".partial"  # <slug>.partial.json and .md: a run of some properties only, beside the full report
@@ -155,20 +154,6 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["## Tolerances", ""]
     lines += [f"- `{p['name']}` {bound(p)}: {p['tolerance_reason']}" for p in props]
     return "\n".join(lines) + "\n"
-
-
-def writable_folder(folder: Path, flag: str = "--out") -> Path:
-    """folder, when it is or can be made a writable folder (nothing is made yet); else a one-line ValueError naming the
-    flag, so that a command checks where its report goes before its work, not after."""
-    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
-    try:
-        with tempfile.TemporaryFile(dir=existing):  # a real write: permissions alone miss read-only mounts and /proc
-            pass
-    except OSError:
-        raise ValueError(
-            f"{flag} {folder}: cannot write there ({existing} is not a writable folder); give one you can write"
-        ) from None
-    return folder
 
 
 def write(doc: dict[str, Any], out: Path) -> tuple[Path, Path]:

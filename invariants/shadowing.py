@@ -1,7 +1,7 @@
-"""Refuse, in one line, to run with someone else's `model` on the path, before anything imports it.
+"""Refuse, in one line, to run with someone else's `model` (or `plumbing`) on the path, before anything imports it.
 
-The harness's packages are top-level names (model, invariants, ablations, reports). `python -m invariants` puts the
-working directory first on sys.path, so a model.py or model/ there hides the harness's `model`, and the first
+The harness's packages are top-level names (plumbing, model, invariants, ablations, reports). `python -m invariants`
+puts the working directory first on sys.path, so a model.py or model/ there hides the harness's `model`, and the first
 `from model.batch import ...` would end in a traceback about 'model.batch'. Imported first by invariants/__init__,
 this module says instead which file hides it and what to run: the console script, which leaves the working directory
 off sys.path. Adapter files never hide it: model/registry.py imports them by path under names of their own.
@@ -64,4 +64,5 @@ def refuse(name: str = "model") -> None:
     raise SystemExit(2)
 
 
-refuse()
+for hidden in ("plumbing", "model"):  # the packages every harness module imports
+    refuse(hidden)

@@ -1,6 +1,7 @@
 """The reference Transformer of "Attention Is All You Need" and the protocol any model under test implements."""
 
-from model.attention import AttentionRecord, KVCache
+from model.attention import AttentionRecord
+from model.cache import KVCache
 from model.config import TransformerConfig
 from model.table3 import PRESETS, preset
 from model.params import count_parameters

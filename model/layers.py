@@ -9,7 +9,8 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from model.attention import Attend, KVCache, MultiHeadAttention
+from model.attention import Attend, MultiHeadAttention
+from model.cache import KVCache
 from model.config import TransformerConfig
 
 PositionTable = Callable[[int, int], Tensor]  # (positions, d_model) -> (positions, d_model)

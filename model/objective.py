@@ -1,4 +1,5 @@
-"""The training objective and schedule of section 5: label-smoothed cross-entropy and the warm-up learning rate."""
+"""The training objective and optimizer of section 5: label-smoothed cross-entropy, Adam's settings and the warm-up
+learning rate."""
 
 from __future__ import annotations
 
@@ -58,6 +59,9 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, pad_id: int, eps: float)
 def label_smoothed_loss_by_torch_ops(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
     """`label_smoothed_loss` without the CPU kernel (the benchmark's before, and the tests' check of both)."""
     return _LabelSmoothedLoss.apply(logits, target, pad_id, eps, False)
+
+
+ADAM_BETAS, ADAM_EPS = (0.9, 0.98), 1e-9  # the paper's Adam (section 5.3): beta1, beta2 and epsilon
 
 
 def learning_rate(step: int, d_model: int, warmup: int = 4000, peak: float | None = None) -> float:

@@ -15,7 +15,8 @@ from typing import Iterator, Mapping, Protocol, runtime_checkable
 from torch import Tensor
 from torch.nn import Parameter
 
-from model.attention import AttentionRecord, KVCache
+from model.attention import AttentionRecord
+from model.cache import KVCache
 from model.config import TransformerConfig
 from model.paper_params import PaperParams
 

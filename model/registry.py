@@ -142,10 +142,6 @@ class ModelSpec:
         """The same model with more config fields set (later values win)."""
         return replace(self, overrides={**self.overrides, **changes})
 
-    def with_config(self, cfg: TransformerConfig) -> ModelSpec:
-        """The same model at every field of cfg."""
-        return self.with_overrides(cfg.to_dict())
-
     def __str__(self) -> str:
         head = f"{self.target}:{self.variant}" if self.variant else self.target
         return ",".join(filter(None, [head, format_config_overrides(self.overrides)]))
@@ -254,21 +250,22 @@ def _check_factory(factory: object, spec: ModelSpec, cfg: TransformerConfig) -> 
         pass
 
 
-def load_model(spec: ModelSpec | str | None = None) -> Seq2SeqModel:
-    """Build the model a spec names (a string is parsed first; None is $AIAYN_MODEL or reference); any problem is
-    a SpecError with a one-line message."""
+def load_model(spec: ModelSpec | str | None = None, config: TransformerConfig | None = None) -> Seq2SeqModel:
+    """Build the model a spec names (a string is parsed first; None is $AIAYN_MODEL or reference), at `config` when
+    given (every field of it: the spec's preset and overrides give way); any problem is a SpecError with a one-line
+    message."""
     if not isinstance(spec, ModelSpec):
         spec = parse_spec(spec or default_spec())
-    changes = dict(spec.overrides)
+    changes = dict(spec.overrides) if config is None else config.to_dict()
     entry = lookup(spec.target)
     if entry is not None:
         try:
             if entry.takes == "preset":
-                model = entry.build(preset(spec.variant or "base").replace(**changes))
+                model = entry.build(config or preset(spec.variant or "base").replace(**changes))
             elif entry.takes == "path":
                 model = entry.build(spec.variant, changes)
             else:
-                model = entry.build(preset("base").replace(**changes), spec.variant)
+                model = entry.build(config or preset("base").replace(**changes), spec.variant)
         except (ValueError, KeyError) as exc:
             raise SpecError(f"model spec {str(spec)!r}: {exc}") from None
     else:
@@ -278,7 +275,7 @@ def load_model(spec: ModelSpec | str | None = None) -> Seq2SeqModel:
             )
         factory = _import(spec.target, spec.variant, spec)
         try:
-            cfg = TransformerConfig().replace(**changes)
+            cfg = config or TransformerConfig().replace(**changes)
         except ValueError as exc:
             raise SpecError(f"model spec {str(spec)!r}: {exc}") from None
         _check_factory(factory, spec, cfg)

@@ -13,7 +13,8 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from model.attention import Attend, AttentionRecord, KVCache, MultiHeadAttention, attend
+from model.attention import Attend, AttentionRecord, MultiHeadAttention, attend
+from model.cache import KVCache
 from model.config import TransformerConfig
 from model.init import initialise
 from model.layers import (

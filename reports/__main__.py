@@ -17,10 +17,9 @@ from pathlib import Path
 import pandas as pd
 
 from ablations.runs import folder as R
-from ablations.training.stopping import stops_cleanly
-from invariants.report import writable_folder
-from model.files import shown_path
 from model.table3 import table3_rows
+from plumbing.files import shown_path, writable_folder
+from plumbing.stopping import stops_cleanly
 from reports import attention, figures, glance, heatmaps, index, progress, table3, table3_formats, table3_text
 from reports.index import Artifact
 from reports.inputs import (

@@ -14,7 +14,7 @@ from pathlib import Path
 from invariants.engine import VERDICTS
 from invariants.suite import PROPERTIES
 from ablations.runs.folder import warn
-from model.files import shown_path, write_atomic
+from plumbing.files import shown_path, write_atomic
 from reports import table3, table3_text
 from reports.inputs import (
     BENCH_COMMAND,

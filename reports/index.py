@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.files import write_atomic
+from plumbing.files import write_atomic
 from reports.page import document, stylesheet
 
 IMAGE = (".png", ".svg")

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ablations.grid import health
 from ablations.runs import folder as R
-from model.files import shown_path
+from plumbing.files import shown_path
 
 RESULTS_DIR = Path("reports") / "results"  # default paths are relative to the working directory (the repository root)
 INVARIANTS_DIR = Path("reports") / "invariants"

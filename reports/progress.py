@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from model.files import write_atomic
 from model.table3 import Table3Row, table3_rows
+from plumbing.files import write_atomic
 from reports.table3 import MIN_SEEDS, judge, spearman, tally
 
 GROUPS = ("A", "B", "C", "D", "E")

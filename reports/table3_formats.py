@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from model.files import write_atomic
+from plumbing.files import write_atomic
 from reports.inputs import BudgetResults
 from reports.page import document, stylesheet
 from reports.progress import changes_by_step

@@ -9,7 +9,7 @@ import pandas as pd
 
 from ablations.data.corpora import PRESETS
 from ablations.grid.health import PUBLISHED as BASELINE
-from model.files import shown_path
+from plumbing.files import shown_path
 from reports.inputs import BudgetResults
 from reports.table3 import PAPER_CONFIG, Summary, count_rows
 

@@ -13,7 +13,7 @@ import pytest
 from invariants.suite import PROPERTIES
 from tests.helpers import REPO
 
-PACKAGES = ("model", "invariants", "ablations", "reports")
+PACKAGES = ("plumbing", "model", "invariants", "ablations", "reports")
 
 
 REPORT_DATA = {"results", "invariants", "figures", "table3"}  # folders of reports/ that hold outputs, not code
@@ -112,6 +112,7 @@ def test_the_wheel_declares_what_the_invariants_import_and_the_console_scripts(w
         "model/kernels/kernels.h"
     ]
     assert "model/table3.csv" in names and set(kernels) <= set(names)
+    assert {f"{package}/__init__.py" for package in PACKAGES} <= set(names)  # every package, plumbing/ included
     assert "[pytest11]\naiayn-invariants = pytest_aiayn" in scripts and "pytest_aiayn.py" in names  # the pytest plugin
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ablations.data.bpe import EOS, PAD
-from model import ModelSpec, TransformerConfig, load_model
+from model import TransformerConfig, load_model
 
 MISSING = "skipped: pip install .[bench]"
 Decoder = Callable[[Tensor, int, int], None]  # (src ids (B, S) without padding, beam, output length) -> None
@@ -24,7 +24,7 @@ Decoder = Callable[[Tensor, int, int], None]  # (src ids (B, S) without padding,
 def hf_marian(cfg: TransformerConfig) -> torch.nn.Module | None:
     """HF MarianMT at cfg behind the protocol (random init), or None without transformers."""
     try:
-        return load_model(ModelSpec("hf-marian").with_config(cfg))
+        return load_model("hf-marian", config=cfg)
     except ValueError as exc:  # the registry's "pip install .[hf]" for a missing library
         if "pip install" in str(exc):
             return None

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from invariants.report import writable_folder
-from model.provenance import cpu_name, git_commit
+from plumbing.files import writable_folder
+from plumbing.provenance import cpu_name, git_commit
 
 
 def output_path(option: str) -> Path:

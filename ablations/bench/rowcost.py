@@ -17,13 +17,12 @@ import torch
 from ablations.data.batching import BatchStream
 from ablations.runs.budgets import BUDGETS, budget, row_config, select_rows
 from ablations.training.train import make_optimizer, train_step
-from model import load_model
-from model.registry import ModelSpec
+from model import TransformerConfig, load_model
 
 
-def step_seconds(spec: ModelSpec, batches: list, warmup: int) -> float:
+def step_seconds(config: TransformerConfig, batches: list, warmup: int) -> float:
     """Mean seconds of one optimizer step over batches[warmup:] (the first steps warm allocator and caches)."""
-    model = load_model(spec).train()
+    model = load_model("reference", config=config).train()
     optimizer = make_optimizer(model, torch.device("cpu"))
     for i, batch in enumerate(batches):
         if i == warmup:
@@ -47,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     costs: dict[str, float] = {}
     for row in select_rows(args.rows):
         torch.manual_seed(0)
-        costs[row.name] = step_seconds(ModelSpec("reference").with_config(row_config(row, b, vocab)), batches, 5)
+        costs[row.name] = step_seconds(row_config(row, b, vocab), batches, 5)
         first = next(iter(costs.values()))
         print(
             f"{row.name:>5}  {costs[row.name] * 1000:7.1f} ms/step  {costs[row.name] / first:5.2f} x {next(iter(costs))}",

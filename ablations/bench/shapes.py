@@ -24,13 +24,13 @@ from ablations.data.batching import BatchStream
 from ablations.data.corpora import data_dir
 from ablations.grid.runner import describe_device, prepare_data
 from ablations.runs.budgets import BUDGETS, budget, row_config, select_rows
-from ablations.runs.options import check_counts, failed, resolve_device
+from ablations.runs.options import failed
 from ablations.training.backends import sdpa_backend
-from ablations.training.stopping import stops_cleanly
 from ablations.training.train import make_optimizer, train_step
-from model import load_model
+from model import TransformerConfig, load_model
 from model.batch import Batch
-from model.registry import ModelSpec
+from plumbing.cli import check_counts, resolve_device
+from plumbing.stopping import stops_cleanly
 
 
 def stream_shapes(batches: list[Batch]) -> dict[str, float]:
@@ -46,14 +46,14 @@ def stream_shapes(batches: list[Batch]) -> dict[str, float]:
 
 
 def step_times(
-    batches_by_multiple: dict[int, list[Batch]], spec: ModelSpec, device: torch.device, warmup: int = 5
+    batches_by_multiple: dict[int, list[Batch]], config: TransformerConfig, device: torch.device, warmup: int = 5
 ) -> dict[int, tuple[float, float]]:
     """(median seconds of a training step, real tokens per second) at each multiple, the multiples interleaved step
     by step, one model each; reading the loss back waits for the device, so each step is timed whole."""
     systems = {}
     for multiple in batches_by_multiple:
         torch.manual_seed(0)
-        model = load_model(spec).to(device).train()
+        model = load_model("reference", config=config).to(device).train()
         systems[multiple] = (model, make_optimizer(model, device), [], [0])
     autocast = torch.bfloat16 if device.type == "cuda" else None
     steps = min(len(b) for b in batches_by_multiple.values())
@@ -100,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     for m in multiples:
         stream = BatchStream(data.train_src, data.train_tgt, micro, seed=1, pad_multiple=m)
         batches[m] = [stream.next() for _ in range(args.steps)]
-    spec = ModelSpec("reference").with_config(row_config(select_rows("base")[0], b, data.sp.get_piece_size()))
+    config = row_config(select_rows("base")[0], b, data.sp.get_piece_size())
     with sdpa_backend(b.sdpa_backend if device.type == "cuda" else "default"):  # the budget's kernel, as a run's
-        timed = step_times({m: bs[: args.time] for m, bs in batches.items()}, spec, device) if args.time else {}
+        timed = step_times({m: bs[: args.time] for m, bs in batches.items()}, config, device) if args.time else {}
     for m in multiples:
         s = stream_shapes(batches[m])
         lines.append(

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 from ablations.bench import peers
 from model import Parts, Transformer, TransformerConfig, load_model
-from model.attention import KVCache, attend_with_torch_ops, explicit_attention
+from model.attention import attend_with_torch_ops, explicit_attention
+from model.cache import KVCache
 from model.objective import label_smoothed_loss_by_torch_ops
-from model.registry import ModelSpec
 
 
 def fused_attention(q, k, v, allowed, need_weights):
@@ -73,7 +73,7 @@ VARIANTS = [
         adam="loop",
         default_threads=True,
     ),
-    Variant("torch.nn.Transformer adapter", lambda c: load_model(ModelSpec("torch-nn").with_config(c))),
+    Variant("torch.nn.Transformer adapter", lambda c: load_model("torch-nn", config=c)),
     Variant("HF MarianMT, same dims", peers.hf_marian),
 ]
 

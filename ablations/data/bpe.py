@@ -17,7 +17,7 @@ import sentencepiece as spm
 from tqdm.auto import tqdm
 
 from ablations.data.corpora import DataError, Pairs
-from model.files import StorageError, write_atomic
+from plumbing.files import StorageError, write_atomic
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 

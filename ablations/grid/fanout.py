@@ -32,7 +32,7 @@ from ablations.runs.folder import read_final, status
 from ablations.runs.jobs import Job
 from ablations.runs.options import RunOptions
 from ablations.runs.outcomes import summary as grid_summary
-from ablations.training.stopping import Stopped, graceful_stops
+from plumbing.stopping import Stopped, graceful_stops
 
 NARROWED = ("--rows", "--seeds")  # the fan-out sets these itself, once per run
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from model.files import write_atomic
+from plumbing.files import write_atomic
 
 if TYPE_CHECKING:  # the reports read baselines without importing the training side
     from ablations.grid.runner import PreparedData

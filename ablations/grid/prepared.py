@@ -17,7 +17,7 @@ import sentencepiece as spm
 from ablations.data.corpora import DataError
 from ablations.grid.runner import PreparedData
 from ablations.runs.budgets import budget
-from model.files import write_atomic
+from plumbing.files import write_atomic
 
 FORMAT = 1  # raise when the layout below changes: older folders are then stale
 SETS = ("train_src", "train_tgt", "dev_src", "dev_tgt")

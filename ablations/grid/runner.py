@@ -32,10 +32,10 @@ from ablations.training.peaks import peak
 from ablations.training.throughput import gemm_flops, throughput
 from ablations.training.train import Diverged, train
 from model import ModelSpec, count_parameters, load_model
-from model.files import StorageError, write_atomic
 from model.params import training_flops
-from model.provenance import git_commit
 from model.table3 import Table3Row
+from plumbing.files import StorageError, write_atomic
+from plumbing.provenance import git_commit
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ def train_and_score(grid: Grid, run: R.Run, data: PreparedData, on_step: Callabl
     }
     try:
         torch.manual_seed(run.seed)
-        model = load_model(grid.model_spec.with_config(cfg)).to(grid.device)
+        model = load_model(grid.model_spec, config=cfg).to(grid.device)
         counts = count_parameters(model.parameter_groups())
         final["params"] = counts["total"]
         stream = BatchStream(

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from model.config import TransformerConfig
+from model.objective import ADAM_BETAS, ADAM_EPS
 from model.table3 import Table3Row, table3_rows
 
 SCALED_FIELDS = ("d_model", "d_ff", "d_k", "d_v")  # divided by Budget.scale; h and N are kept
@@ -205,9 +206,6 @@ def row_lr_peak(row: Table3Row, b: Budget) -> float | None:
     if b.lr_peak is None:
         return None
     return b.lr_peak * math.sqrt(TransformerConfig().d_model / row.config().d_model)
-
-
-ADAM_BETAS, ADAM_EPS = (0.9, 0.98), 1e-9  # the paper's Adam (section 5.3)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ import pandas as pd
 
 from ablations.runs.budgets import TrainSettings
 from model.config import TransformerConfig
-from model.files import StorageError, replace, write_atomic
+from plumbing.files import StorageError, replace, write_atomic
 
 CONFIG, METRICS, FINAL, ATTEMPTS, CHECKPOINT = (
     "config.json",
@@ -101,7 +101,7 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-# --- writing: atomic (model.files), and a full disk or a read-only folder is one line naming the path ---------------
+# --- writing: atomic (plumbing.files), and a full disk or a read-only folder is one line naming the path --------------
 
 
 def write_json(path: Path, obj: dict) -> None:

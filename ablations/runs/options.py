@@ -1,8 +1,8 @@
 """The request of `python -m ablations run`, parsed and checked once into a frozen value before any work.
 
-The runner, the fan-out and the SLURM jobs take a RunOptions; every other command checks its own numbers with
-`check_counts` and reports a foreseen error with `failed`, so that a bad value is one line on stderr and the
-exit status says what kind of error it was.
+The runner, the fan-out and the SLURM jobs take a RunOptions; every other command of ablations/ checks its own
+values with plumbing/cli.py and reports a foreseen error with `failed`, so that a bad value is one line on stderr and
+the exit status says what kind of error it was.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ import torch
 
 from ablations.data.corpora import ENV_VAR, PRESETS, DataError, data_dir
 from ablations.runs.budgets import BUDGETS, INIT_RULES, SDPA_BACKENDS, Budget, budget, row_config, select_rows
-from model import SpecError, count_parameters, files, load_model
+from model import SpecError, count_parameters, load_model
 from model.config import field_names
-from model.files import StorageError
 from model.registry import ModelSpec, default_spec, lookup, parse_spec
 from model.table3 import Table3Row
+from plumbing import files
+from plumbing.cli import OneLineParser, Once, check_counts, resolve_device
+from plumbing.files import StorageError
 
 DEFAULT_RUNS = Path("runs")  # relative to the working directory, like every default path
 FORESEEN = (DataError, SpecError, ValueError, StorageError)  # errors a command reports in one line, not a traceback
@@ -56,13 +58,6 @@ def failed(exc: Exception) -> int:
     return 1 if storage else 2
 
 
-def check_counts(*flags: tuple[str, int | None]) -> None:
-    """A one-line ValueError for the first (flag, value) whose value is below 1 (None: not given, fine)."""
-    for flag, value in flags:
-        if value is not None and value < 1:
-            raise ValueError(f"{flag} {value}: give a whole number of at least 1")
-
-
 def parse_seeds(text: str) -> list[int]:
     """'1', '1,2,5' or '1-3': seed numbers 0 or more, each once."""
     seeds: list[int] = []
@@ -80,22 +75,6 @@ def parse_seeds(text: str) -> list[int]:
     if repeated:
         raise ValueError(f"--seeds {text!r}: seed {repeated[0]} is given twice; give each seed once")
     return seeds
-
-
-def resolve_device(name: str) -> torch.device:
-    """auto, cpu, cuda or cuda:N; anything else is a one-line error listing what is allowed."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    match = re.fullmatch(r"cpu|cuda(?::(\d+))?", name)
-    if not match:
-        raise ValueError(f"--device {name!r}: give auto, cpu, cuda or cuda:N")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: no CUDA device is available; use --device cpu")
-    if match[1] is not None and int(match[1]) >= torch.cuda.device_count():
-        raise ValueError(
-            f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}"
-        )
-    return torch.device(name)
 
 
 def budget_with(
@@ -163,7 +142,7 @@ def check_model(parsed: ModelSpec, b: Budget, preset: str) -> None:
     base = select_rows("base")[0]
     vocab = b.vocab_size or PRESETS[preset].vocab_size
     try:
-        model = load_model(parsed.with_config(row_config(base, b, vocab)))
+        model = load_model(parsed, config=row_config(base, b, vocab))
     except SpecError:
         raise
     except Exception as exc:  # noqa: BLE001 - a plugged-in model may raise anything on import or construction
@@ -230,32 +209,6 @@ def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
         tuple(argv),
         args.ddp,
     )
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Usage mistakes as one line naming the option and what is allowed (exit status 2), not argparse's usage block."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
-
-
-class Once(argparse.Action):
-    """An option given twice is an error, not silently its last value."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: object,
-        option_string: str | None = None,
-    ) -> None:
-        seen = namespace.__dict__.setdefault("_given", set())
-        if self.dest in seen:
-            parser.error(
-                f"{option_string} is given twice ({getattr(namespace, self.dest)!r} and {values!r}); give it once"
-            )
-        seen.add(self.dest)
-        setattr(namespace, self.dest, values)
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:

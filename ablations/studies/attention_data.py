@@ -15,7 +15,7 @@ import torch
 from ablations.data.bpe import EOS
 from ablations.runs import folder as R
 from ablations.training.trained import WEIGHTS, NoTrainedModel, TrainedModel, has_weights, load_trained
-from model.files import shown_path
+from plumbing.files import shown_path
 
 
 class NoAttentionData(ValueError):

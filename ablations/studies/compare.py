@@ -36,10 +36,11 @@ from ablations.grid.runner import Grid, PreparedData, plan_run, prepare_data, ru
 from ablations.runs import folder as R  # noqa: E402
 from ablations.runs import options  # noqa: E402
 from ablations.runs.budgets import BUDGETS, INIT_RULES, Budget, select_rows  # noqa: E402
-from ablations.training.stopping import Stopped, graceful_stops  # noqa: E402
-from model.files import write_atomic  # noqa: E402
-from model.provenance import git_commit, machine_line  # noqa: E402
 from model.registry import ModelSpec, parse_spec  # noqa: E402
+from plumbing import cli  # noqa: E402
+from plumbing.files import write_atomic  # noqa: E402
+from plumbing.provenance import git_commit, machine_line  # noqa: E402
+from plumbing.stopping import Stopped, graceful_stops  # noqa: E402
 
 COLUMNS = ["model", "row", "seed", "step", "dev_ppl", "bleu", "status", "run", "commit"]
 PANELS_PER_LINE = 4  # rows' panels per line of the figure, so that eight rows stay readable
@@ -230,7 +231,7 @@ def write_report(
 
 
 def parser() -> argparse.ArgumentParser:
-    p = options.OneLineParser(prog="python -m ablations.studies.compare", description=__doc__.split("\n")[0])
+    p = cli.OneLineParser(prog="python -m ablations.studies.compare", description=__doc__.split("\n")[0])
     p.add_argument(
         "--models",
         nargs="+",
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        options.check_counts(("--steps", args.steps), ("--dev-pairs", args.dev_pairs))
+        cli.check_counts(("--steps", args.steps), ("--dev-pairs", args.dev_pairs))
         budget = options.budget_with(args.budget, steps=args.steps, dev_pairs=args.dev_pairs)
         models = [parse_entry(text, budget.init) for text in args.models]
         schedules = [parse_schedule(text) for text in args.schedules] or [None]

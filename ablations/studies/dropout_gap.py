@@ -22,12 +22,13 @@ from ablations.data.bpe import encode
 from ablations.data.corpora import data_dir, preset_named, read_pairs
 from ablations.runs import folder as R
 from ablations.runs.budgets import as_recorded, budget
-from ablations.runs.options import check_counts, failed
+from ablations.runs.options import failed
 from ablations.scoring.evaluate import perplexity
-from ablations.training.stopping import stops_cleanly
 from ablations.training.trained import load_trained
 from model.layers import Residual
 from model.protocol import Seq2SeqModel
+from plumbing.cli import check_counts
+from plumbing.stopping import stops_cleanly
 
 LAYER_PAIRS = 100  # sentences for --layers, one at a time (no padding to mask out of the statistics)
 

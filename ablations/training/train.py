@@ -26,16 +26,15 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ablations.data.batching import BatchStream
-from ablations.runs.budgets import ADAM_BETAS, ADAM_EPS
 from ablations.runs.folder import CHECKPOINT, Run, append_metrics, previous_checkpoint, set_aside, truncate_metrics
 from ablations.scoring.evaluate import perplexity
-from ablations.training import stopping
 from ablations.training.clock import Laps, StepClock
 from ablations.training.compiling import compile_model, compiles
 from ablations.training.distributed import SINGLE, Ranks, first_signal, shard, step_seed, sum_over_ranks, wrap
 from model.batch import Batch
-from model.files import replace, temporary, write_file
-from model.objective import learning_rate
+from model.objective import ADAM_BETAS, ADAM_EPS, learning_rate
+from plumbing import stopping
+from plumbing.files import replace, temporary, write_file
 
 DIVERGED_LOSS = 3.0  # a training loss above this many times ln(vocab) (uniform guessing) counts as divergence
 

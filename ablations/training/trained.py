@@ -16,8 +16,8 @@ import torch
 from ablations.data.bpe import bpe_file
 from ablations.runs import folder as R
 from ablations.training.train import CorruptCheckpoint, read_checkpoint
-from model import Seq2SeqModel, SpecError, TransformerConfig, load_model, parse_spec
-from model.files import shown_path
+from model import Seq2SeqModel, SpecError, TransformerConfig, load_model
+from plumbing.files import shown_path
 
 WEIGHTS = (R.WEIGHTS, R.CHECKPOINT)  # where a run's weights are looked for, in this order
 
@@ -81,9 +81,7 @@ def load_trained(run: R.Recorded, bpe_dirs: list[Path]) -> TrainedModel:
         )
     weights = _weights(run_dir)
     try:
-        model = load_model(
-            parse_spec(config.get("model_spec") or "reference").with_config(TransformerConfig(**config["config"]))
-        )
+        model = load_model(config.get("model_spec") or "reference", config=TransformerConfig(**config["config"]))
         model.load_state_dict(weights)
     except (SpecError, RuntimeError, TypeError, ValueError) as exc:  # a bad spec or config, weights of another shape
         raise NoTrainedModel(

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from invariants.mutants.registry import CAUSAL, register_mutant
-from model.attention import AttentionRecord, KVCache, MultiHeadAttention, explicit_attention
+from model.attention import AttentionRecord, MultiHeadAttention, explicit_attention
+from model.cache import KVCache
 from model.config import TransformerConfig
 from model.transformer import Parts, Transformer, causal_mask
 

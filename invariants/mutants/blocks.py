@@ -10,7 +10,8 @@ from torch import Tensor, nn
 
 from invariants.mutants.registry import register_mutant
 from invariants.mutants.stack import with_feed_forwards
-from model.attention import KVCache, MultiHeadAttention, explicit_attention
+from model.attention import MultiHeadAttention, explicit_attention
+from model.cache import KVCache
 from model.config import TransformerConfig
 from model.layers import DecoderLayer, EncoderLayer, FeedForward, Residual
 from model.transformer import Parts, Transformer

@@ -27,7 +27,8 @@ from torch import Tensor, nn  # noqa: E402
 from transformers import BartConfig, BartForConditionalGeneration, MarianConfig, MarianMTModel  # noqa: E402
 from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding  # noqa: E402
 
-from model.attention import AttentionRecord, KVCache  # noqa: E402
+from model.attention import AttentionRecord  # noqa: E402
+from model.cache import KVCache  # noqa: E402
 from model.config import TransformerConfig  # noqa: E402
 from model.init import initialise  # noqa: E402
 from model.layers import temporarily  # noqa: E402

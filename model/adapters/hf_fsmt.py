@@ -21,7 +21,8 @@ from transformers import FSMTConfig, FSMTForConditionalGeneration
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from model.adapters.fairseq import fairseq_layers, fairseq_sublayer_hooks
-from model.attention import AttentionRecord, KVCache
+from model.attention import AttentionRecord
+from model.cache import KVCache
 from model.config import TransformerConfig
 from model.init import initialise
 from model.layers import temporarily

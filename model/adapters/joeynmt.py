@@ -46,7 +46,8 @@ from typing import Iterator
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.attention import AttentionRecord, KVCache
+from model.attention import AttentionRecord
+from model.cache import KVCache
 from model.config import TransformerConfig
 from model.init import NORMAL_STD, std_factor
 from model.paper_params import (

@@ -13,7 +13,8 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-from model.attention import AttentionRecord, KVCache
+from model.attention import AttentionRecord
+from model.cache import KVCache
 from model.config import TransformerConfig
 from model.init import initialise
 from model.layers import PositionalEncoding, embedding_scale

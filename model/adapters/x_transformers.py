@@ -42,7 +42,8 @@ from torch import Tensor, nn
 from x_transformers import Decoder, Encoder, TransformerWrapper  # (ImportError: pip install x-transformers)
 from x_transformers.x_transformers import FeedForward, LayerIntermediates
 
-from model.attention import AttentionRecord, KVCache
+from model.attention import AttentionRecord
+from model.cache import KVCache
 from model.config import TransformerConfig
 from model.init import initialise
 from model.objective import label_smoothed_loss

@@ -14,7 +14,7 @@ from ablations.scoring.decoding import beam_search
 from ablations.training import throughput
 from ablations.training.throughput import choose_threads
 from model import Transformer, TransformerConfig, kernels
-from model.attention import KVCache
+from model.cache import KVCache
 from tests.helpers import needs_data
 
 TINY = "N=1,d_model=32,d_ff=64,h=2,d_k=16,d_v=16,vocab_size=1000"

@@ -13,7 +13,7 @@ from ablations.grid.runner import prepare_data
 from ablations.runs.budgets import budget
 from ablations.scoring.evaluate import perplexity
 from ablations.studies import dropout_gap
-from model import ModelSpec, TransformerConfig, load_model
+from model import TransformerConfig, load_model
 from tests.helpers import needs_data
 
 
@@ -24,7 +24,7 @@ def smoke_run(runs: Path) -> tuple[Path, torch.nn.Module, list, list]:
         N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=budget("smoke").vocab_size, P_drop=0.3
     )
     torch.manual_seed(0)
-    model = load_model(ModelSpec("reference").with_config(cfg))
+    model = load_model("reference", config=cfg)
     run = runs / "smoke" / "base-s1-0000"
     run.mkdir(parents=True)
     (run / "config.json").write_text(
@@ -106,7 +106,7 @@ def tiny_pairs() -> tuple[list[list[int]], list[list[int]]]:
 def test_layers_part_between_the_modes_only_where_dropout_acts(p_drop):
     cfg = TransformerConfig(N=2, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=40, P_drop=p_drop)
     torch.manual_seed(0)
-    table = dropout_gap.layer_table(load_model(ModelSpec("reference").with_config(cfg)), *tiny_pairs())
+    table = dropout_gap.layer_table(load_model("reference", config=cfg), *tiny_pairs())
     rows = layer_rows(table)
     sublayers = [name for name in rows if name.startswith(("encoder", "decoder"))]
     assert sublayers == [f"encoder.{i}.{s}" for i in range(2) for s in ("res_attn", "res_ffn")] + [
@@ -122,7 +122,7 @@ def test_layers_part_between_the_modes_only_where_dropout_acts(p_drop):
 def test_layers_of_a_model_without_the_references_sublayers_is_a_one_line_reason():
     cfg = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=40)
     with pytest.raises(ValueError, match="--layers reads the reference model's residual sublayers"):
-        dropout_gap.layer_table(load_model(ModelSpec("torch-nn").with_config(cfg)), *tiny_pairs())
+        dropout_gap.layer_table(load_model("torch-nn", config=cfg), *tiny_pairs())
 
 
 @needs_data

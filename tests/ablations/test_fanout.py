@@ -13,7 +13,7 @@ import pytest
 from ablations.grid import fanout
 from ablations.grid.fanout import main, split, without
 from ablations.runs import folder as R
-from ablations.training.stopping import Stopped, graceful_stops
+from plumbing.stopping import Stopped, graceful_stops
 from tests.helpers import DEV_PAIRS, REAL_DATA, needs_data, runs_folder, smoke_cache
 
 

@@ -19,7 +19,7 @@ from ablations.bench.check.parts import GRACE_S, Part, Stage
 from ablations.bench.check.report import runner_lines
 from ablations.bench.report import shown_args
 from ablations.runs import folder as R
-from ablations.training.stopping import graceful_stops
+from plumbing.stopping import graceful_stops
 from tests.helpers import REAL_DATA, REPO, needs_data
 
 PY = sys.executable

@@ -9,7 +9,7 @@ import pytest
 from ablations.__main__ import main
 from ablations.runs import options
 from ablations.runs.options import parse_seeds
-from model import files
+from plumbing import files
 from tests.helpers import needs_data
 
 pytestmark = needs_data

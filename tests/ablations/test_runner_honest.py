@@ -19,11 +19,11 @@ from ablations.__main__ import main
 from ablations.runs import folder as R
 from ablations.runs import options
 from ablations.runs.budgets import select_rows
-from ablations.training import stopping
 from ablations.training import train as T
 from ablations.training.clock import StepClock
 from ablations.training.peaks import Peak, peak, peak_flops, peak_of_name
 from model import Transformer
+from plumbing import stopping
 from tests.ablations.test_gpu_path import TINY, tiny_run, varied_pairs
 from tests.ablations.test_train import TINY_BUDGET, grid_of
 from tests.helpers import NO_DATA, REAL_DATA, needs_data

@@ -20,9 +20,10 @@ import torch
 
 from ablations.__main__ import main
 from ablations.runs import folder as R
-from ablations.training.stopping import stops_cleanly
 from ablations.training.train import make_optimizer, read_checkpoint
-from model import Transformer, files
+from model import Transformer
+from plumbing import files
+from plumbing.stopping import stops_cleanly
 from tests.helpers import ablations_argv, logged, needs_data, result, runs_folder, smoke_cache
 
 pytestmark = needs_data

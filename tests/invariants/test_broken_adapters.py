@@ -16,7 +16,7 @@ from invariants.__main__ import main
 from invariants.engine import PASS, Result
 from invariants.subject import Subject
 from invariants.suite import PROPERTIES, run_suite, select
-from model.files import StorageError
+from plumbing.files import StorageError
 from tests.helpers import REPO, few
 from tests.invariants.broken.verdicts import HERE, ROWS, SMALL
 

@@ -18,7 +18,8 @@ from torch import nn
 
 from invariants import run_suite
 from invariants.engine import PASS
-from model.attention import AttentionRecord, KVCache
+from model.attention import AttentionRecord
+from model.cache import KVCache
 from model.paper_params import DecoderLayer, EncoderLayer, FeedForward, PaperParams, Positions, layer_norm, multi_head
 
 # A spec like any user's: the class is the factory, the spec's own config is small (CI), drawn configs are smaller.

@@ -24,8 +24,9 @@ LAYOUTS = ("model.py", "model/__init__.py")  # a user's module, or package, name
 
 
 def project(folder: Path, layout: str) -> Path:
-    """A user's project holding their own `model` (as layout) with a factory, and packages invariants/ and reports/."""
-    for package in ("invariants", "reports"):
+    """A user's project holding their own `model` (as layout) with a factory, and packages plumbing/, invariants/ and
+    reports/."""
+    for package in ("plumbing", "invariants", "reports"):
         (folder / package).mkdir()
         (folder / package / "__init__.py").write_text("raise ImportError('the user's package was imported')\n")
     (folder / layout).parent.mkdir(exist_ok=True)
@@ -50,6 +51,17 @@ def test_python_m_invariants_beside_a_users_model_stops_with_one_line_naming_it_
     assert result.stderr == (
         f"error: {shown} shadows the harness's 'model' package; "
         f"run aiayn-invariants --model {layout}:make --only softmax_rows instead\n"
+    )
+
+
+def test_python_m_invariants_beside_a_users_plumbing_stops_with_one_line_naming_it(tmp_path):
+    (tmp_path / "mine.py").write_text(ADAPTER)
+    (tmp_path / "plumbing.py").write_text("")
+    result = run(tmp_path, sys.executable, "-m", "invariants", "--model", "mine.py:make", "--only", "softmax_rows")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "error: ./plumbing.py shadows the harness's 'plumbing' package; "
+        "run aiayn-invariants --model mine.py:make --only softmax_rows instead\n"
     )
 
 

@@ -28,12 +28,11 @@ def test_a_spec_is_parsed_once_into_typed_overrides_and_prints_back_as_it_parses
     assert parse_spec(str(spec)) == spec
 
 
-def test_a_spec_with_a_config_sets_every_field_and_later_overrides_win():
+def test_a_model_loaded_at_a_config_has_every_field_of_it_whatever_the_spec_overrides():
     cfg = TransformerConfig(N=2, d_model=32, d_ff=64, h=4, d_k=8, d_v=8, vocab_size=40)
-    spec = ModelSpec("reference", None, {"N": 5, "pe": "learned"}).with_config(cfg)
-    assert spec.overrides == cfg.to_dict()
     with torch.device("meta"):
-        assert load_model(spec).config == cfg
+        for spec in ("reference:big,N=5,pe=learned", "torch-nn", "mutant:no_causal_mask,N=3"):
+            assert load_model(spec, config=cfg).config == cfg, spec
 
 
 def test_torch_adapter_satisfies_the_protocol():

@@ -18,7 +18,7 @@ from ablations.data.bpe import EOS, shared_bpe
 from ablations.data.corpora import Pairs
 from ablations.studies import attention_data
 from ablations.training.train import TrainState, make_optimizer, save_checkpoint
-from model import ModelSpec, TransformerConfig, load_model
+from model import TransformerConfig, load_model
 from reports import attention
 from reports.inputs import MissingInput
 
@@ -53,7 +53,7 @@ def publish(folder: Path, bpe: Path, weights: str = "model.pt", seed: int = 1) -
     _, vocab, key = bpe.stem.split("-")
     cfg = TransformerConfig(N=N, d_model=16, d_ff=32, h=H, d_k=4, d_v=4, vocab_size=int(vocab))
     torch.manual_seed(seed)
-    model = load_model(ModelSpec("reference").with_config(cfg)).eval()
+    model = load_model("reference", config=cfg).eval()
     run = folder / "runs" / f"base-s{seed}-0000"
     run.mkdir(parents=True)
     (run / "config.json").write_text(

@@ -51,10 +51,11 @@ from ablations.bench.check.parts import Outcome, Part, Stage, become_subreaper, 
 from ablations.bench.report import SHOWN_AS, machine, shown_args
 from ablations.data.corpora import data_dir
 from ablations.grid.runner import describe_device
-from ablations.runs.options import FORESEEN, OneLineParser, failed, resolve_device
+from ablations.runs.options import FORESEEN, failed
 from ablations.training.peaks import peak
-from ablations.training.stopping import stops_cleanly
-from invariants.report import writable_folder
+from plumbing.cli import OneLineParser, resolve_device
+from plumbing.files import writable_folder
+from plumbing.stopping import stops_cleanly
 
 REPO = Path(__file__).resolve().parents[3]
 LIMITS = {"bench": 170, "runner": 165, "torchrun": 45, "tests": 80}  # seconds; 460 in all

@@ -25,8 +25,8 @@ from pathlib import Path
 from ablations.grid.prepared import save_prepared
 from ablations.grid.runner import prepare_data
 from ablations.runs.budgets import budget
-from model.files import write_atomic
-from model.provenance import git_commit
+from plumbing.files import write_atomic
+from plumbing.provenance import git_commit
 
 MANIFEST = "PREPARED.json"
 BUDGETS = ("short", "smoke")  # the runner part's and the torchrun part's; the bench's sizes use the same two

@@ -17,7 +17,7 @@ from ablations.bench.check.targets import HEADER, bench_targets, row, runner_tar
 from ablations.bench.gpu.report import decoding_table, training_table
 from ablations.runs import folder as R
 from ablations.training.clock import percentiles
-from model.files import write_atomic
+from plumbing.files import write_atomic
 
 BENCH = "bench-gpu"  # the bench part's report in the out folder: bench-gpu.md and bench-gpu.json
 WORK, OUT = "WORK", "OUT"  # how the report names the check's temporary folder and its --out folder

@@ -29,17 +29,19 @@ from ablations.data.batching import BatchStream
 from ablations.data.bpe import PAD
 from ablations.data.corpora import data_dir
 from ablations.grid.runner import prepare_data
-from ablations.runs.budgets import ADAM_BETAS, ADAM_EPS, budget, scale
-from ablations.runs.options import check_counts, failed
+from ablations.runs.budgets import budget, scale
+from ablations.runs.options import failed
 from ablations.scoring.decoding import beam_search
-from ablations.training.stopping import stops_cleanly
 from ablations.training.throughput import choose_threads, gemm_flops, throughput
 from ablations.training.train import make_optimizer, train_step
 from model import Parts, Transformer, TransformerConfig, count_parameters, kernels
 from model.attention import attend_with_torch_ops
 from model.batch import Batch
-from model.files import write_atomic
+from model.objective import ADAM_BETAS, ADAM_EPS
 from model.registry import parse_config_overrides
+from plumbing.cli import check_counts
+from plumbing.files import write_atomic
+from plumbing.stopping import stops_cleanly
 
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 

@@ -27,13 +27,14 @@ from ablations.data.bpe import PAD
 from ablations.data.corpora import data_dir
 from ablations.grid.runner import prepare_data
 from ablations.runs.budgets import budget
-from ablations.runs.options import check_counts, failed
+from ablations.runs.options import failed
 from ablations.scoring.decoding import beam_search
-from ablations.training.stopping import stops_cleanly
 from ablations.training.throughput import median_seconds
 from ablations.training.train import make_optimizer, train_step
 from model import Transformer, TransformerConfig, kernels
-from model.files import write_atomic
+from plumbing.cli import check_counts
+from plumbing.files import write_atomic
+from plumbing.stopping import stops_cleanly
 
 KINDS: dict[str, tuple[str, ...]] = {  # kind -> aten ops (self time); every other op counts as "other"
     "GEMM (mm, bmm, addmm)": ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"),

@@ -44,12 +44,13 @@ from ablations.data.corpora import data_dir
 from ablations.grid.prepared import load_prepared, save_prepared
 from ablations.grid.runner import PreparedData, describe_device, prepare_data
 from ablations.runs.budgets import budget, row_config, select_rows
-from ablations.runs.options import FORESEEN, OneLineParser, check_counts, failed, resolve_device
+from ablations.runs.options import FORESEEN, failed
 from ablations.training.backends import SDPA_BACKENDS
 from ablations.training.peaks import peak_flops
-from ablations.training.stopping import Stopped, stops_cleanly
 from model import TransformerConfig
-from model.files import StorageError
+from plumbing.cli import OneLineParser, check_counts, resolve_device
+from plumbing.files import StorageError
+from plumbing.stopping import Stopped, stops_cleanly
 
 # A size: the budget whose data, BPE, batch size and scale it takes, and the Table 3 row it trains.
 SIZES = {"base": ("short", "base"), "big": ("short", "big"), "tiny": ("smoke", "base")}

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from model.files import StorageError, write_atomic
+from plumbing.files import StorageError, write_atomic
 
 
 def _num(value: float | None, scale: float = 1.0, digits: int = 1, unit: str = "") -> str:

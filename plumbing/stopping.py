@@ -1,4 +1,4 @@
-"""Graceful stops: Ctrl-C (SIGINT) and SIGTERM (what SLURM and torchrun send) end a grid cleanly and resumably.
+"""Graceful stops: Ctrl-C (SIGINT) and SIGTERM (what SLURM and torchrun send) end a command cleanly, a grid resumably.
 
 While `graceful_stops()` is active, a signal that arrives during a training step waits for the step to end
 (the loop then writes a checkpoint and raises Stopped); one that arrives anywhere else (reading data,

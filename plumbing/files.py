@@ -3,13 +3,14 @@
 The bytes go to a temporary name beside the file, are flushed to the disk, and are renamed over it, so that a
 reader, or a process killed mid-write, sees the old file or the new one, never half of it. A write that fails
 (a full disk, a read-only folder) is a StorageError naming the file, and leaves nothing half-written behind.
-It lives in model/, the lowest layer, so that invariants/, ablations/ and reports/ can all write through it.
+A command checks the folder its output goes to with `writable_folder` before its work, not after.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -81,3 +82,17 @@ def shown_path(path: Path) -> str:
     paths."""
     path, here = path.resolve(), Path.cwd().resolve()
     return path.relative_to(here).as_posix() if path.is_relative_to(here) else str(path)
+
+
+def writable_folder(folder: Path, flag: str = "--out") -> Path:
+    """folder, when it is or can be made a writable folder (nothing is made yet); else a one-line ValueError naming the
+    flag, so that a command checks where its report goes before its work, not after."""
+    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    try:
+        with tempfile.TemporaryFile(dir=existing):  # a real write: permissions alone miss read-only mounts and /proc
+            pass
+    except OSError:
+        raise ValueError(
+            f"{flag} {folder}: cannot write there ({existing} is not a writable folder); give one you can write"
+        ) from None
+    return folder
