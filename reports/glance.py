@@ -81,20 +81,24 @@ def kill_matrix_row(folder: Path, root: Path) -> str | None:
     path = folder / KILL_MATRIX
     matrix = read_json(path, KILL_MATRIX_COMMAND) if path.is_file() else None
     try:
-        fails = {m: sum(v == "fail" for v in matrix["verdicts"].get(m, {}).values()) for m in matrix["mutants"]}
+        counted = {m: sum(v == "fail" for v in matrix["verdicts"].get(m, {}).values()) for m in matrix["mutants"]}
+        controls = set(matrix.get("controls", []))  # correct variants, which must fail nothing
         len(matrix["properties"])
     except (AttributeError, KeyError, TypeError):
         return None  # absent, or damaged (named once, by read_json or reports.inputs)
+    fails = {m: n for m, n in counted.items() if m not in controls}
     if not fails:
         return None
     caught = sum(n > 0 for n in fails.values())
+    passing = sum(counted.get(c, 1) == 0 for c in controls)
+    checked = f"; {passing} of {len(controls)} correct controls fail nothing" if controls else ""
     mutants = [read_json(p, KILL_MATRIX_COMMAND) for p in sorted((folder / "mutants").glob("*.json"))]
     dates = [str(doc.get("date", "")) for doc in mutants if doc is not None]
     where = "small config" if matrix.get("config") else "base config"
     return _row(
         f"[kill matrix]({_link(path.with_suffix('.md'), root)}), {where}",
         f"{caught} of {len(fails)} mutants caught (a property fails on them), each failing "
-        f"{min(fails.values())} to {max(fails.values())} of {len(matrix['properties'])} properties",
+        f"{min(fails.values())} to {max(fails.values())} of {len(matrix['properties'])} properties{checked}",
         max(dates, default=""),
         matrix.get("commit", "?"),
     )

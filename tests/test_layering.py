@@ -143,6 +143,23 @@ def test_the_flow_rule_sees_an_import_against_it():
     assert stage("ablations.data.bpe") < stage("ablations.training.train") and stage("ablations.__main__") is None
 
 
+def test_each_property_module_imports_only_the_machinery_never_another_property_module():
+    # invariants/properties/: one module per group, each on the engine, measure, subject, cases and tolerances alone,
+    # and the machinery beneath them imports no property module (the registry is filled by importing the package).
+    properties = {m for m in MODULES if m.startswith("invariants.properties.")}
+    beside = [f"{m} -> {t}" for m in sorted(properties) for t in sorted(GRAPH[m]) if t in properties]
+    below = [
+        f"{m} -> {t}"
+        for m in sorted(MODULES)
+        if m.startswith("invariants.")
+        and not m.startswith("invariants.properties")
+        and m not in ("invariants", "invariants.suite", "invariants.__main__", "invariants.killmatrix")
+        for t in sorted(GRAPH[m])
+        if t.startswith("invariants.properties")
+    ]
+    assert len(properties) == 12 and not beside and not below, beside + below
+
+
 def test_the_cpp_kernels_header_and_loader_share_one_folder():
     sources = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "model").rglob("*") if p.suffix in (".cpp", ".h"))
     assert sources and all(s.startswith("model/kernels/") for s in sources)
