@@ -11,22 +11,28 @@ mid-run; docs/benchmark.md, the first GPU run), so that fusion is off. Under DDP
 
 from __future__ import annotations
 
+import sys
 from typing import Callable, TypeVar
 
 import torch
-from torch._inductor import config as inductor_config
-from torch._dynamo.utils import counters
 
 F = TypeVar("F", bound=Callable)
 
 
 def compiles() -> int:
-    """Graphs compiled so far in this process (torch._dynamo's count of unique graphs; recompiles included)."""
+    """Graphs compiled so far in this process (torch._dynamo's count of unique graphs; recompiles included). Dynamo is
+    imported on the first compile, not here: its import takes seconds that an uncompiled run does not need."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+
     return int(counters["stats"]["unique_graphs"])
 
 
 def compile_model(fn: F, dynamic: bool | None = True, backend: str = "inductor") -> F:
     """`fn` compiled by torch.compile (inductor on a GPU; tests pass backend='eager' to count graphs cheaply)."""
+    from torch._inductor import config as inductor_config
+
     options = None
     if backend == "inductor" and hasattr(inductor_config.triton, "mix_order_reduction"):
         options = {"triton.mix_order_reduction": False}  # a size guard in its fusion decision: a recompile
