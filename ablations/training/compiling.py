@@ -7,6 +7,8 @@ second graph. Two cases still compile again: a size of 0 or 1 (torch specialises
 code that branches on a size (a guard that a new size fails). Inductor's own fusion choices can branch on a size too:
 its mix-order reduction fuses two reductions only above a size, a guard that a later batch fails (a second compile
 mid-run; docs/benchmark.md, the first GPU run), so that fusion is off. Under DDP the graph is split at its gradient buckets.
+Sizes stay apart symbols (no duck sizing): with torch's default, a first batch whose padded source and target lengths
+are equal gives both one symbol, and the first batch where they differ compiles again.
 """
 
 from __future__ import annotations
@@ -32,8 +34,15 @@ def compiles() -> int:
 def compile_model(fn: F, dynamic: bool | None = True, backend: str = "inductor") -> F:
     """`fn` compiled by torch.compile (inductor on a GPU; tests pass backend='eager' to count graphs cheaply)."""
     from torch._inductor import config as inductor_config
+    from torch.fx.experimental import _config as fx_config
 
     options = None
     if backend == "inductor" and hasattr(inductor_config.triton, "mix_order_reduction"):
         options = {"triton.mix_order_reduction": False}  # a size guard in its fusion decision: a recompile
-    return torch.compile(fn, dynamic=dynamic, backend=backend, options=options)
+    compiled = torch.compile(fn, dynamic=dynamic, backend=backend, options=options)
+
+    def call(*args, **kwargs):
+        with fx_config.patch(use_duck_shape=False):  # read when a call traces: equal sizes keep their own symbols
+            return compiled(*args, **kwargs)
+
+    return call  # type: ignore[return-value]

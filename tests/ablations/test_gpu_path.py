@@ -15,6 +15,7 @@ from ablations.runs.budgets import SDPA_BACKENDS, TrainSettings
 from ablations.training import compiling, train as T
 from ablations.training.backends import KERNELS, sdpa_backend
 from model import Transformer, TransformerConfig, attention, kernels
+from model.batch import Batch
 from tests.helpers import needs_data
 
 TINY = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=30, max_len=64, P_drop=0.0)
@@ -121,6 +122,31 @@ def test_torchs_default_compiles_again_at_the_first_new_size_where_the_runners_c
         graphs[dynamic] = compiling.compiles() - before
     assert len({(*b.src.shape, b.tgt.shape[1]) for b in batches}) > 5
     assert graphs == {None: 2, True: 1}
+
+
+@pytest.mark.slow
+def test_a_first_batch_whose_two_lengths_match_costs_the_runners_compile_no_second_graph(monkeypatch):
+    attention_as_on_a_gpu(monkeypatch)
+    gen = torch.Generator().manual_seed(0)
+
+    def batch(source: int, target: int) -> Batch:
+        ids = lambda length: torch.randint(1, TINY.vocab_size, (3, length), generator=gen)  # noqa: E731
+        no_pad = lambda length: torch.zeros(3, length, dtype=torch.bool)  # noqa: E731
+        return Batch(ids(source), ids(target), no_pad(source), no_pad(target))
+
+    batches = [batch(8, 8), batch(16, 8), batch(8, 24)]  # equal lengths first: duck sizing would give them one symbol
+    graphs = {}
+    for name, compile_fn in {
+        "torch.compile": lambda m: torch.compile(m, dynamic=True, backend="eager"),
+        "runner": lambda m: compiling.compile_model(m, backend="eager"),
+    }.items():
+        torch._dynamo.reset()
+        model = compile_fn(Transformer(TINY))
+        before = compiling.compiles()
+        for b in batches:
+            b.forward(model)
+        graphs[name] = compiling.compiles() - before
+    assert graphs == {"torch.compile": 2, "runner": 1}
 
 
 class Counted:

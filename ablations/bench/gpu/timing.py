@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
-from torch.fx.experimental import _config as fx_config
 from tqdm.auto import tqdm
 
 from ablations.bench import peers
@@ -308,24 +307,22 @@ def measure_compiled(
     """Each compiled entry in turn: its `warmup` steps (its one compile), then its timed steps on the rest of
     `batches`. One starts only when the time left holds a compile (`estimate_s` until one is measured, then the
     longest measured) and the seconds its eager twin's steps took (`eager_s` by system): else it is skipped, said so,
-    rather than abandoned midway. Source and target lengths stay apart symbols (no duck sizing), so that a batch whose
-    two lengths match does not cost a recompile at the next batch."""
+    rather than abandoned midway. (compile_model keeps source and target lengths apart symbols.)"""
     measured: list[float] = []
-    with fx_config.patch(use_duck_shape=False):
-        for entry in entries:
-            left, need = deadline.left(), (max(measured) if measured else estimate_s) + eager_s.get(entry.system, 0.0)
-            if left < need:
-                entry.status = f"not measured: no room for its compile ({max(left, 0):.0f} s left, {need:.0f} s needed)"
-                report(f"{entry.system} compiled skipped")
-                continue
-            warm(entry, batches[:warmup], device, deadline)
-            report(f"compile of {entry.system}")
-            if entry.status == TIME_UP:
-                shut_compile_workers()
-            elif entry.status == WARMED:
-                measured.append(entry.warmup_s)
-                time_steps([entry], batches[warmup:], device, deadline)
-                report(f"timed steps of {entry.system} compiled")
+    for entry in entries:
+        left, need = deadline.left(), (max(measured) if measured else estimate_s) + eager_s.get(entry.system, 0.0)
+        if left < need:
+            entry.status = f"not measured: no room for its compile ({max(left, 0):.0f} s left, {need:.0f} s needed)"
+            report(f"{entry.system} compiled skipped")
+            continue
+        warm(entry, batches[:warmup], device, deadline)
+        report(f"compile of {entry.system}")
+        if entry.status == TIME_UP:
+            shut_compile_workers()
+        elif entry.status == WARMED:
+            measured.append(entry.warmup_s)
+            time_steps([entry], batches[warmup:], device, deadline)
+            report(f"timed steps of {entry.system} compiled")
 
 
 def training_rows(size: str, entries: list[Entry], peak: float | None) -> list[dict]:
