@@ -62,7 +62,8 @@ def name_group_in_id(item: pytest.Item) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
     """Under loadgroup: a module whose tests share a module (or class) fixture runs on one worker, so that the fixture
     (a trained smoke grid, a built wheel) is built once, not once per worker; tests marked `serial` (several processes,
-    signals, time limits) run one after another on one worker, the module's fixture users with them."""
+    signals, time limits) run one after another on one worker, the module's fixture users with them; slow tests are
+    handed out first."""
     if not getattr(config.option, "loadgroup", False):
         return (yield)
     module = {item: item.nodeid.split("::")[0] for item in items}
@@ -75,4 +76,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     result = yield
     for item in items:
         name_group_in_id(item)
+    # xdist hands out the groups first (the most tests first), then single tests in this order: the slow ones first,
+    # so that the run does not end on one worker finishing a long test while the other waits.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     return result
