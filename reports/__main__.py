@@ -29,6 +29,7 @@ from reports.inputs import (
     INVARIANTS_DIR,
     KILL_MATRIX,
     RESULTS_DIR,
+    BudgetResults,
     MissingInput,
     budget_folders,
     load_budget,
@@ -44,32 +45,34 @@ def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]
     table too, where the budget's models translate at all (not smoke's), for the figure of the grids side by side."""
     results = load_budget(folder)
     table = table3.compare(results.runs)
-    summary = table3.summarize(table)
     label = f"{results.budget} (scaled)" if results.scaled else results.budget
+    fig_dir = out_dir / "figures" / results.budget
+    artifacts, skipped = _table3_artifacts(folder, results, table, label, out_dir, fig_dir)
+    section = f"Figures, budget {label}"
+    artifacts += _comparison_figures(results, table, label, section, fig_dir)
+    curves, curves_skipped = _training_figures(folder, results, label, section, fig_dir)
+    attention_map, attention_skipped = _attention_figure(folder, results.budget, section, fig_dir)
+    return (
+        artifacts + curves + attention_map,
+        skipped + curves_skipped + attention_skipped,
+        table if figures.has_bleu(table) else None,
+    )
+
+
+def _table3_artifacts(
+    folder: Path, results: BudgetResults, table: pd.DataFrame, label: str, out_dir: Path, fig_dir: Path
+) -> tuple[list[Artifact], list[str]]:
+    """The budget's Table 3 section: its formats and runs, led by when its conclusions appear along training."""
+    summary = table3.summarize(table)
     source = f"Inputs: {shown_path(folder)}, produced by: {ABLATIONS_COMMAND.format(budget=results.budget)}"
     headline = table3_text.headline(results, table, summary)
     md, page, tex, numbers = table3_formats.write_all(results, table, summary, out_dir / "table3")
-    section, fig_dir, skipped = f"Table 3 mirrored, budget {label}", out_dir / "figures" / results.budget, []
-    artifacts = []  # the headline rides on the first entry: the agreement figure, else the table
+    section, skipped = f"Table 3 mirrored, budget {label}", []
     by_step = progress.by_step(results.curves)
-    if len(by_step):
-        title = f"When do the paper's conclusions appear? Budget {label}"
-        by_step_md, by_step_csv = progress.write(
-            by_step, out_dir / "table3", results.budget, title, table3.SIGNIFICANCE
-        )
-        figures.agreement_by_step(by_step, fig_dir / "agreement_by_step.png", title)
-        artifacts += [
-            Artifact(
-                section,
-                "When do the paper's conclusions appear? Agreement share and Spearman ρ against steps",
-                fig_dir / "agreement_by_step.png",
-                REBUILD,
-                headline,
-            ),
-            Artifact(section, "the same per evaluation step and group (Markdown)", by_step_md, REBUILD),
-            Artifact(section, "the same (CSV)", by_step_csv, REBUILD),
-        ]
+    if len(by_step):  # the headline rides on the first entry: the agreement figure, else the table
+        artifacts = _progress_artifacts(by_step, results.budget, label, section, headline, out_dir, fig_dir)
     else:
+        artifacts = []
         skipped.append(
             f"agreement against steps for {results.budget}: no dev_ppl of base in any {R.METRICS} under {shown_path(folder)}"
         )
@@ -90,9 +93,33 @@ def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]
                 ABLATIONS_COMMAND.format(budget=results.budget),
             )
         )
+    return artifacts, skipped
 
-    section = f"Figures, budget {label}"
-    order = [r.name for r in table3_rows()]
+
+def _progress_artifacts(
+    by_step: pd.DataFrame, budget: str, label: str, section: str, headline: str, out_dir: Path, fig_dir: Path
+) -> list[Artifact]:
+    """When the paper's conclusions appear along training: the figure (carrying the headline), Markdown and CSV."""
+    title = f"When do the paper's conclusions appear? Budget {label}"
+    by_step_md, by_step_csv = progress.write(by_step, out_dir / "table3", budget, title, table3.SIGNIFICANCE)
+    figures.agreement_by_step(by_step, fig_dir / "agreement_by_step.png", title)
+    return [
+        Artifact(
+            section,
+            "When do the paper's conclusions appear? Agreement share and Spearman ρ against steps",
+            fig_dir / "agreement_by_step.png",
+            REBUILD,
+            headline,
+        ),
+        Artifact(section, "the same per evaluation step and group (Markdown)", by_step_md, REBUILD),
+        Artifact(section, "the same (CSV)", by_step_csv, REBUILD),
+    ]
+
+
+def _comparison_figures(
+    results: BudgetResults, table: pd.DataFrame, label: str, section: str, fig_dir: Path
+) -> list[Artifact]:
+    """Our changes against base beside the paper's, per row and per group, and params against dev PPL."""
     figures.change_against_change(
         table, fig_dir / "change_vs_paper.png", f"Our change against base vs the paper's, per row, budget {label}"
     )
@@ -105,7 +132,7 @@ def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]
     figures.params_against_ppl(
         table, fig_dir / "params_vs_ppl.png", f"Params against dev PPL: ours, budget {label}, and the paper's"
     )
-    artifacts += [
+    return [
         Artifact(
             section,
             "Our change against the paper's per row, coloured by verdict",
@@ -120,6 +147,14 @@ def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]
         ),
         Artifact(section, "Params against dev PPL, ours and the paper's", fig_dir / "params_vs_ppl.png", REBUILD),
     ]
+
+
+def _training_figures(
+    folder: Path, results: BudgetResults, label: str, section: str, fig_dir: Path
+) -> tuple[list[Artifact], list[str]]:
+    """Every row's loss and dev PPL curves and its training speed, each skipped when the runs did not log it."""
+    artifacts, skipped = [], []
+    order = [r.name for r in table3_rows()]
     for metric, what in (("loss", "training loss"), ("dev_ppl", "dev perplexity")):
         if results.curves[metric].notna().any():
             path = fig_dir / f"curves_{metric}.png"
@@ -136,22 +171,26 @@ def build_budget(folder: Path, out_dir: Path) -> tuple[list[Artifact], list[str]
         artifacts.append(Artifact(section, "Training tokens/s per row", fig_dir / "tokens_per_s.png", REBUILD))
     else:
         skipped.append(f"tokens/s for {results.budget}: no tokens_per_s in the runs' {R.FINAL}")
+    return artifacts, skipped
+
+
+def _attention_figure(folder: Path, budget: str, section: str, fig_dir: Path) -> tuple[list[Artifact], list[str]]:
+    """The trained base model's encoder self-attention, where the budget published its map (cf. Figures 3-5)."""
     try:
         attention.draw(folder, fig_dir / "attention.png")
-        artifacts.append(
-            Artifact(
-                section,
-                "Encoder self-attention of the trained base model (cf. the paper's Figures 3-5)",
-                fig_dir / "attention.png",
-                REBUILD,
-            )
-        )
     except MissingInput as missing:
-        skipped.append(
-            f"attention figure for {results.budget}: {missing}; publishing a budget whose runs folder holds "
+        return [], [
+            f"attention figure for {budget}: {missing}; publishing a budget whose runs folder holds "
             f"base's checkpoint saves {attention.PUBLISHED}"
+        ]
+    return [
+        Artifact(
+            section,
+            "Encoder self-attention of the trained base model (cf. the paper's Figures 3-5)",
+            fig_dir / "attention.png",
+            REBUILD,
         )
-    return artifacts, skipped, table if figures.has_bleu(table) else None
+    ], []
 
 
 def build_side_by_side(tables: dict[str, pd.DataFrame], out_dir: Path) -> list[Artifact]:

@@ -14,7 +14,7 @@ import seaborn as sns
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
-from reports.table3 import AGREE, DISAGREE, MIN_SEEDS, NOT_COMPARABLE, NOT_SIGNIFICANT, summarize
+from reports.table3 import AGREE, DISAGREE, MIN_SEEDS, NOT_COMPARABLE, NOT_SIGNIFICANT, Summary, summarize
 from reports.table3_text import metric_text
 
 # verdict -> (color, cell label, legend entry); "missing" is a property a report does not cover
@@ -53,46 +53,74 @@ def budgets_side_by_side(tables: dict[str, pd.DataFrame], path: Path, title: str
     summaries = {budget: summarize(table) for budget, table in tables.items()}
     shown = set()
     for ax, m in zip(axes[0], metrics):
-        columns = {}
-        for budget, summary in summaries.items():
-            share = summary.tallies[m].share
-            rho = "" if m != "ppl" or pd.isna(summary.spearman_ppl) else f", ρ {summary.spearman_ppl:+.2f}"
-            columns[f"{budget}\n{'n/a' if pd.isna(share) else f'{share:.0%}'} agree{rho}"] = budget
-        verdicts = pd.DataFrame(
-            {
-                label: [tables[b].loc[r, f"{m}_agree"] if tables[b].loc[r, "seeds"] > 0 else "not run" for r in rows]
-                for label, b in columns.items()
-            },
-            index=rows,
-        )
-        changes = pd.DataFrame(
-            {label: [tables[b].loc[r, f"{m}_delta"] for r in rows] for label, b in columns.items()}, index=rows
-        )
-        labels = changes.map(functools.partial(metric_text, m, signed=True))  # as the Table 3 report prints it
-        kinds = verdicts.map(lambda v: v if v in palette else "few seeds")
+        kinds, labels = _budget_cells(tables, rows, m, _budget_columns(summaries, m), palette)
         shown |= set(kinds.to_numpy().ravel())
-        sns.heatmap(
-            kinds.map(list(palette).index),
-            annot=labels,
-            fmt="",
-            cbar=False,
-            vmin=-0.5,
-            vmax=len(palette) - 0.5,
-            cmap=ListedColormap(list(palette.values())),
-            linewidths=0.5,
-            linecolor="#dddddd",
-            annot_kws={"fontsize": 7},
-            ax=ax,
-        )
-        paper = first.loc[rows, f"{m}_paper_delta"]
-        ax.set_yticks(
-            [i + 0.5 for i in range(len(rows))],
-            [f"{r} (paper {d:+.2g})" if pd.notna(d) else r for r, d in zip(rows, paper)],
-            rotation=0,
-            fontsize=7,
-        )
-        ax.tick_params(axis="x", rotation=0, labelsize=7)
-        ax.set(xlabel="", ylabel="", title=f"change in dev {m.upper()} against base")
+        _draw_budget_panel(ax, kinds, labels, first.loc[rows, f"{m}_paper_delta"], m, palette)
+    _budget_legend(fig, palette, shown)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return figures._save(fig, path)
+
+
+def _budget_columns(summaries: dict[str, Summary], metric: str) -> dict[str, str]:
+    """Each budget's column label, naming its agreement share (and Spearman's rho for PPL), mapped to the budget."""
+    columns = {}
+    for budget, summary in summaries.items():
+        share = summary.tallies[metric].share
+        rho = "" if metric != "ppl" or pd.isna(summary.spearman_ppl) else f", ρ {summary.spearman_ppl:+.2f}"
+        columns[f"{budget}\n{'n/a' if pd.isna(share) else f'{share:.0%}'} agree{rho}"] = budget
+    return columns
+
+
+def _budget_cells(
+    tables: dict[str, pd.DataFrame], rows: list[str], metric: str, columns: dict[str, str], palette: dict[str, str]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One panel's cells, rows by budget columns: the verdict kind that colours each, and our change that labels it."""
+    verdicts = pd.DataFrame(
+        {
+            label: [tables[b].loc[r, f"{metric}_agree"] if tables[b].loc[r, "seeds"] > 0 else "not run" for r in rows]
+            for label, b in columns.items()
+        },
+        index=rows,
+    )
+    changes = pd.DataFrame(
+        {label: [tables[b].loc[r, f"{metric}_delta"] for r in rows] for label, b in columns.items()}, index=rows
+    )
+    labels = changes.map(functools.partial(metric_text, metric, signed=True))  # as the Table 3 report prints it
+    kinds = verdicts.map(lambda v: v if v in palette else "few seeds")
+    return kinds, labels
+
+
+def _draw_budget_panel(
+    ax: plt.Axes, kinds: pd.DataFrame, labels: pd.DataFrame, paper: pd.Series, metric: str, palette: dict[str, str]
+) -> None:
+    """Draw one metric's panel, each row's tick naming the paper's change beside the row."""
+    rows = list(kinds.index)
+    sns.heatmap(
+        kinds.map(list(palette).index),
+        annot=labels,
+        fmt="",
+        cbar=False,
+        vmin=-0.5,
+        vmax=len(palette) - 0.5,
+        cmap=ListedColormap(list(palette.values())),
+        linewidths=0.5,
+        linecolor="#dddddd",
+        annot_kws={"fontsize": 7},
+        ax=ax,
+    )
+    ax.set_yticks(
+        [i + 0.5 for i in range(len(rows))],
+        [f"{r} (paper {d:+.2g})" if pd.notna(d) else r for r, d in zip(rows, paper)],
+        rotation=0,
+        fontsize=7,
+    )
+    ax.tick_params(axis="x", rotation=0, labelsize=7)
+    ax.set(xlabel="", ylabel="", title=f"change in dev {metric.upper()} against base")
+
+
+def _budget_legend(fig: plt.Figure, palette: dict[str, str], shown: set[str]) -> None:
+    """The legend under the panels, naming only the verdict kinds some cell shows."""
     legend = {
         AGREE: "agrees",
         DISAGREE: "disagrees",
@@ -112,9 +140,6 @@ def budgets_side_by_side(tables: dict[str, pd.DataFrame], path: Path, title: str
         fontsize=7,
         bbox_to_anchor=(0.5, -0.02),
     )
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    return figures._save(fig, path)
 
 
 def verdict_heatmap(long: pd.DataFrame, index: str, path: Path, title: str, palette: dict) -> plt.Figure:
