@@ -23,8 +23,10 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
+import hypothesis
+
 from invariants import device, killmatrix, profiles, report
-from invariants.engine import ERROR, FAIL, FIXED, NOT_APPLICABLE, NOT_RUN, invocation
+from invariants.engine import ERROR, FAIL, FIXED, NOT_APPLICABLE, NOT_RUN, Property, invocation
 from invariants.guard import DEFAULT_TIMEOUT_S, STOP, stop_on
 from invariants.mutants import MUTANTS
 from invariants.subject import Subject
@@ -139,15 +141,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     profile_name = args.profile or profiles.default_name()
     command = (invocation() + " " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
     try:
-        settings = profiles.profile(profile_name)
-        if args.seed is not None and settings.derandomize:
-            raise ValueError(
-                f"--seed has no effect under the derandomized profile {profile_name}; add --profile dev or thorough"
-            )
-        properties = select([n.strip() for n in args.only.split(",") if n.strip()])
-        replay = parse_replay(args.replay) if args.replay else None
-        if replay and len(properties) != 1:
-            raise ValueError("--replay needs --only with exactly one property (the one the line came from)")
+        settings, properties, replay = selection(args, profile_name)
         if args.kill_matrix:
             args.out = (args.out or DEFAULT_OUT).resolve()
             writable_folder(args.out)
@@ -172,35 +166,15 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         )
     except Interrupted as stop:
         partial = f"stopped by {STOP.get('signal', 'SIGINT')} after {len(stop.results)} of {len(properties)} properties"
+        elapsed = time.perf_counter() - start
         doc = report.document(
-            str(spec),
-            stop.results,
-            profile_name,
-            command,
-            time.perf_counter() - start,
-            target,
-            partial,
-            subject.breaches,
+            str(spec), stop.results, profile_name, command, elapsed, target, partial, subject.breaches
         )
-        saved = save(doc, args.out)
-        reached = len(stop.results)
-        printed(
-            lambda: print(
-                f"stopped by {STOP.get('signal', 'SIGINT')}: the {reached} verdicts reached are in {saved}; "
-                "the full report is untouched",
-                file=sys.stderr,
-            )
-        )
-        return 130
+        return stopped(doc, args.out, len(stop.results))
     seconds = time.perf_counter() - start
     doc = report.document(str(spec), results, profile_name, command, seconds, target, partial, subject.breaches)
-    try:  # the report first: whatever happens to the printing (a closed pipe), the verdicts are kept
-        json_path, md_path = report.write(doc, args.out)
-        written = f"report {shown(md_path, here)} and {shown(json_path, here)}"
-    except (StorageError, OSError) as exc:
-        written = (
-            f"the report could not be written to {shown(args.out, here)} ({exc}); the verdicts are in {save(doc, None)}"
-        )
+    # the report first: whatever happens to the printing (a closed pipe), the verdicts are kept
+    written = write_report(doc, args.out, here)
     failed = [r for r in results if r.verdict in (FAIL, ERROR)]
     printed(lambda: show(results, subject.breaches, spec, seconds, profile_name, written))
     if written.startswith("the report could not"):
@@ -208,6 +182,45 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         return 1
     skipped = [r for r in results if r.verdict == NOT_APPLICABLE]
     return 1 if failed or (args.strict and skipped) else 0
+
+
+def selection(
+    args: argparse.Namespace, profile_name: str
+) -> tuple[hypothesis.settings, list[Property], tuple[str, bytes] | None]:
+    """The hypothesis settings, the properties --only names and the --replay line, or a ValueError that says which
+    combination of flags cannot run."""
+    settings = profiles.profile(profile_name)
+    if args.seed is not None and settings.derandomize:
+        raise ValueError(
+            f"--seed has no effect under the derandomized profile {profile_name}; add --profile dev or thorough"
+        )
+    properties = select([n.strip() for n in args.only.split(",") if n.strip()])
+    replay = parse_replay(args.replay) if args.replay else None
+    if replay and len(properties) != 1:
+        raise ValueError("--replay needs --only with exactly one property (the one the line came from)")
+    return settings, properties, replay
+
+
+def stopped(doc: dict, out: Path, reached: int) -> int:
+    """Save the verdicts reached before a stop as a partial report beside the full one, say where; exit status 130."""
+    saved = save(doc, out)
+    printed(
+        lambda: print(
+            f"stopped by {STOP.get('signal', 'SIGINT')}: the {reached} verdicts reached are in {saved}; "
+            "the full report is untouched",
+            file=sys.stderr,
+        )
+    )
+    return 130
+
+
+def write_report(doc: dict, out: Path, here: Path) -> str:
+    """Write the report to `out`; what was written, in words: where, or why not and where the verdicts went instead."""
+    try:
+        json_path, md_path = report.write(doc, out)
+        return f"report {shown(md_path, here)} and {shown(json_path, here)}"
+    except (StorageError, OSError) as exc:
+        return f"the report could not be written to {shown(out, here)} ({exc}); the verdicts are in {save(doc, None)}"
 
 
 def show(results: list, breaches: dict[str, str], spec: ModelSpec, seconds: float, profile: str, written: str) -> None:

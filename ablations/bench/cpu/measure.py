@@ -23,12 +23,19 @@ from tqdm.auto import tqdm
 from ablations.bench import peers
 from ablations.bench.cpu.report import markdown
 from ablations.bench.report import machine, output_path, shown_args
-from ablations.bench.variants import UNDONE, VARIANTS, FullReorderCache, StridedCrossCache, TorchOpsReorderCache
+from ablations.bench.variants import (
+    UNDONE,
+    VARIANTS,
+    FullReorderCache,
+    StridedCrossCache,
+    TorchOpsReorderCache,
+    Variant,
+)
 from ablations.bench.workload import alternate, fixed_length_sources
 from ablations.data.batching import BatchStream
 from ablations.data.bpe import PAD
 from ablations.data.corpora import data_dir
-from ablations.grid.runner import prepare_data
+from ablations.grid.runner import PreparedData, prepare_data
 from ablations.runs.budgets import budget, scale
 from ablations.runs.options import failed
 from ablations.scoring.decoding import beam_search
@@ -51,15 +58,19 @@ def scaled(cfg: TransformerConfig, vocab: int) -> TransformerConfig:
     return scale(cfg, budget("cpu"), vocab, "--config")
 
 
-def bench_training(
-    size: str,
-    cfg: TransformerConfig,
-    batches: list[Batch],
-    warmup: int,
-    threads: int,
-    clock: Callable[[], float] = time.perf_counter,
-) -> tuple[list[dict], list[str]]:
-    """Interleaved training steps of every variant on the same batches; returns results and skipped-peer lines.
+def optimizer_for(variant: Variant, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The reference's fused Adam, or the foreach or per-parameter Adam of a variant that undoes it."""
+    if variant.adam == "fused":
+        return make_optimizer(model, torch.device("cpu"))
+    return torch.optim.Adam(
+        model.parameters(), lr=0.0, betas=ADAM_BETAS, eps=ADAM_EPS, foreach=variant.adam == "foreach"
+    )
+
+
+def training_systems(
+    size: str, cfg: TransformerConfig, threads: int, clock: Callable[[], float]
+) -> tuple[dict[str, tuple], list[str]]:
+    """(model, optimizer, thread count, parameter counts) of every variant at `size`, and the skipped ones' lines.
     Timed by CPU time, the variants on torch's default thread count are left out: more threads buy wall-clock time."""
     systems, skipped, default_threads = {}, [], os.cpu_count() or 1
     for v in (v for v in VARIANTS if size in v.sizes):
@@ -72,19 +83,20 @@ def bench_training(
             skipped.append(f"{v.name}: {peers.MISSING}")
             continue
         model.train()
-        optimizer = (
-            make_optimizer(model, torch.device("cpu"))
-            if v.adam == "fused"
-            else torch.optim.Adam(
-                model.parameters(), lr=0.0, betas=ADAM_BETAS, eps=ADAM_EPS, foreach=v.adam == "foreach"
-            )
-        )
         systems[v.name] = (
             model,
-            optimizer,
+            optimizer_for(v, model),
             default_threads if v.default_threads else threads,
             count_parameters(model.parameter_groups()),
         )
+    return systems, skipped
+
+
+def time_training(
+    size: str, systems: dict[str, tuple], batches: list[Batch], warmup: int, clock: Callable[[], float]
+) -> tuple[dict[str, list[float]], dict[int, list[float]]]:
+    """Each system's step times after `warmup` steps, interleaved, and the GEMM rates at each thread count measured
+    before every repetition, so that a change of the machine's load enters both alike."""
     times: dict[str, list[float]] = {name: [] for name in systems}
     gemm: dict[int, list[float]] = {}
     for i, batch in enumerate(tqdm(batches, desc=f"train {size}", unit="rep", leave=False)):
@@ -97,6 +109,20 @@ def bench_training(
             train_step(model, model.loss, optimizer, [batch], 1e-4)
             if i >= warmup:
                 times[name].append(clock() - start)
+    return times, gemm
+
+
+def bench_training(
+    size: str,
+    cfg: TransformerConfig,
+    batches: list[Batch],
+    warmup: int,
+    threads: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[list[dict], list[str]]:
+    """Interleaved training steps of every variant on the same batches; returns results and skipped-peer lines."""
+    systems, skipped = training_systems(size, cfg, threads, clock)
+    times, gemm = time_training(size, systems, batches, warmup, clock)
     torch.set_num_threads(threads)
     timed = batches[warmup:]
     src, tgt = statistics.mean(b.src_tokens for b in timed), statistics.mean(b.tgt_tokens for b in timed)
@@ -116,16 +142,14 @@ def bench_training(
     return results, skipped
 
 
-def bench_decoding(
-    size: str,
-    cfg: TransformerConfig,
-    src: torch.Tensor,
-    extra: int,
-    reps: int,
-    threads: int,
-    clock: Callable[[], float] = time.perf_counter,
-) -> tuple[list[dict], list[str]]:
-    """Beam 4 by every system on the same sources, each forced to src length + extra output tokens."""
+def beam_searcher(model: Transformer, src: torch.Tensor, extra: int) -> Callable[[], object]:
+    """Beam 4 by model over src, up to src length + extra output tokens: one timed call (its padding mask included)."""
+    return lambda: beam_search(model, src, src.eq(PAD), beam=4, extra_len=extra)
+
+
+def decoding_models(cfg: TransformerConfig) -> dict[str, Transformer]:
+    """The reference and its UNDONE decoding variants, by name, all with the reference's weights, so that every one
+    decodes the same hypotheses."""
     torch.manual_seed(0)
     reference = Transformer(cfg).eval()
     copied = Transformer(cfg).eval()
@@ -137,46 +161,39 @@ def bench_decoding(
     torch_ops = Transformer(cfg, Parts(attend=attend_with_torch_ops)).eval()
     torch_reorder = Transformer(cfg).eval()
     torch_reorder.new_cache = TorchOpsReorderCache
-    for other in (
-        copied,
-        full_reorder,
-        strided,
-        torch_ops,
-        torch_reorder,
-    ):  # the same weights, so that every variant decodes the same hypotheses
+    for other in (copied, full_reorder, strided, torch_ops, torch_reorder):
         other.load_state_dict(reference.state_dict())
-    out_len = src.size(1) + extra
-    systems: dict[str, Callable[[], None]] = {
-        "reference": lambda: beam_search(reference, src, src.eq(PAD), beam=4, extra_len=extra),
-        UNDONE + "attention through torch ops, no fused kernel": lambda: beam_search(
-            torch_ops, src, src.eq(PAD), beam=4, extra_len=extra
-        ),
-        UNDONE + "cache rows moved by torch ops (gather, then write back)": lambda: beam_search(
-            torch_reorder, src, src.eq(PAD), beam=4, extra_len=extra
-        ),
-        UNDONE + "cross-attention keys/values per beam": lambda: beam_search(
-            copied, src, src.eq(PAD), beam=4, extra_len=extra
-        ),
-        UNDONE + "every cached row copied at each step": lambda: beam_search(
-            full_reorder, src, src.eq(PAD), beam=4, extra_len=extra
-        ),
-        UNDONE + "cross-attention keys/values strided": lambda: beam_search(
-            strided, src, src.eq(PAD), beam=4, extra_len=extra
-        ),
+    return {
+        "reference": reference,
+        UNDONE + "attention through torch ops, no fused kernel": torch_ops,
+        UNDONE + "cache rows moved by torch ops (gather, then write back)": torch_reorder,
+        UNDONE + "cross-attention keys/values per beam": copied,
+        UNDONE + "every cached row copied at each step": full_reorder,
+        UNDONE + "cross-attention keys/values strided": strided,
     }
-    skipped = []
+
+
+def peer_decoders(
+    cfg: TransformerConfig, src: torch.Tensor, out_len: int, threads: int
+) -> tuple[dict[str, Callable[[], object]], list[str]]:
+    """HF MarianMT's generate and CTranslate2 on a Marian model of cfg's sizes, where installed; the missing ones' lines."""
     marian = peers.hf_marian(cfg)
     if marian is None:
-        skipped += [f"HF generate: {peers.MISSING}", f"CTranslate2: {peers.MISSING}"]
-    else:
-        marian.eval()
-        generate = peers.hf_generate(marian)
-        systems["HF MarianMT generate, same dims"] = lambda: generate(src, 4, out_len)
-        ct2 = peers.ctranslate2_decoder(marian, threads)
-        if ct2 is None:
-            skipped.append(f"CTranslate2: {peers.MISSING}")
-        else:
-            systems["CTranslate2 fp32, same Marian model"] = lambda: ct2(src, 4, out_len)
+        return {}, [f"HF generate: {peers.MISSING}", f"CTranslate2: {peers.MISSING}"]
+    marian.eval()
+    generate = peers.hf_generate(marian)
+    systems: dict[str, Callable[[], object]] = {"HF MarianMT generate, same dims": lambda: generate(src, 4, out_len)}
+    ct2 = peers.ctranslate2_decoder(marian, threads)
+    if ct2 is None:
+        return systems, [f"CTranslate2: {peers.MISSING}"]
+    systems["CTranslate2 fp32, same Marian model"] = lambda: ct2(src, 4, out_len)
+    return systems, []
+
+
+def time_decoding(
+    size: str, systems: dict[str, Callable[[], object]], reps: int, clock: Callable[[], float]
+) -> dict[str, list[float]]:
+    """Each system's time of every repetition, the systems interleaved, so that the machine's load hits them alike."""
     times: dict[str, list[float]] = {name: [] for name in systems}
     with torch.no_grad():
         for i in tqdm(range(reps), desc=f"decode {size}", unit="rep", leave=False):
@@ -184,6 +201,23 @@ def bench_decoding(
                 start = clock()
                 run()
                 times[name].append(clock() - start)
+    return times
+
+
+def bench_decoding(
+    size: str,
+    cfg: TransformerConfig,
+    src: torch.Tensor,
+    extra: int,
+    reps: int,
+    threads: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[list[dict], list[str]]:
+    """Beam 4 by every system on the same sources, each forced to src length + extra output tokens."""
+    systems = {name: beam_searcher(model, src, extra) for name, model in decoding_models(cfg).items()}
+    out_len = src.size(1) + extra
+    peer_systems, skipped = peer_decoders(cfg, src, out_len, threads)
+    times = time_decoding(size, {**systems, **peer_systems}, reps, clock)
     tokens = src.size(0) * out_len
     return [
         {
@@ -199,8 +233,8 @@ def bench_decoding(
     ], skipped
 
 
-@stops_cleanly("nothing written (an earlier report is as it was); run the same command again")
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The bench's flags: the data, the sizes and config, and how many steps, sources and repetitions are timed."""
     parser = argparse.ArgumentParser(prog="python -m ablations.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)")
     parser.add_argument(
@@ -235,34 +269,24 @@ def main(argv: list[str] | None = None) -> int:
         help="wall (default), or cpu: this process's CPU time, which other processes' load does not enter",
     )
     parser.add_argument("--out", default=str(Path("reports") / "bench.md"))
-    args = parser.parse_args(argv)
-    try:
-        check_counts(
-            ("--steps", args.steps),
-            ("--decode-sentences", args.decode_sentences),
-            ("--decode-length", args.decode_length),
-            ("--decode-reps", args.decode_reps),
-            ("--batch-tokens", args.batch_tokens),
-            ("--threads", args.threads),
-        )
-        base = TransformerConfig().replace(**parse_config_overrides(args.config, "--config"))
-        sizes = {"base": base, "scaled": scaled(base, args.vocab)}
-        chosen = [s.strip() for s in args.sizes.split(",") if s.strip()]
-        if not chosen or set(chosen) - set(sizes):
-            raise ValueError(f"--sizes {args.sizes!r}: choose from base, scaled")
-        out = output_path(args.out)
-        b = budget("smoke").replace(vocab_size=args.vocab, max_train_pairs=None, dev_pairs=None)
-        data = prepare_data(b, args.preset, data_dir(args.data), Path(args.runs))
-        sources = {
-            size: fixed_length_sources(
-                data.dev_src, args.decode_sentences or (8 if size == "base" else 32), args.decode_length
-            )
-            for size in chosen
-        }
-    except ValueError as exc:  # a bad flag value, DataError, a bad --config or --sizes
-        return failed(exc)
-    built = kernels.compiled() is not None  # built now (on first use), so that no timed search includes the build
-    meta = {
+    return parser
+
+
+def sizes_chosen(args: argparse.Namespace) -> list[tuple[str, TransformerConfig]]:
+    """The sizes --sizes names, in its order, each with its config: base (with --config) and scaled from it."""
+    base = TransformerConfig().replace(**parse_config_overrides(args.config, "--config"))
+    sizes = {"base": base, "scaled": scaled(base, args.vocab)}
+    chosen = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    if not chosen or set(chosen) - set(sizes):
+        raise ValueError(f"--sizes {args.sizes!r}: choose from base, scaled")
+    return [(size, sizes[size]) for size in chosen]
+
+
+def measured_under(args: argparse.Namespace, argv: list[str] | None) -> dict:
+    """What the run is measured under (machine, load, kernels, flags); builds the attention kernel first, so that no
+    timed search includes the build."""
+    built = kernels.compiled() is not None
+    return {
         **machine(),
         "attention_kernel": "in use" if built else f"not built (torch ops; see stderr, or {kernels.SWITCH})",
         "load_before": os.getloadavg()[0],
@@ -275,9 +299,19 @@ def main(argv: list[str] | None = None) -> int:
         "extra": args.extra,
         "args": shown_args(argv if argv is not None else sys.argv[1:]),
     }
+
+
+def bench_sizes(
+    args: argparse.Namespace,
+    chosen: list[tuple[str, TransformerConfig]],
+    data: PreparedData,
+    sources: dict[str, torch.Tensor],
+    meta: dict,
+) -> tuple[list[dict], list[dict], list[str]]:
+    """Training and decoding results at each chosen size, and the skipped lines; adds to meta each size's step count,
+    the load at the end and the thread counts."""
     training, decoding, skipped, threads = [], [], [], {}
-    for size in chosen:
-        cfg = sizes[size]
+    for size, cfg in chosen:
         threads[size] = choose_threads(cfg, args.threads)
         torch.set_num_threads(threads[size])
         steps = args.steps or (5 if size == "base" else 12)
@@ -298,6 +332,35 @@ def main(argv: list[str] | None = None) -> int:
         skipped += [line for line in missing + missing_decoders if line not in skipped]
         meta[f"steps_{size}"] = steps
     meta.update(load_after=os.getloadavg()[0], threads=", ".join(f"{n} at {s}" for s, n in threads.items()))
+    return training, decoding, skipped
+
+
+@stops_cleanly("nothing written (an earlier report is as it was); run the same command again")
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        check_counts(
+            ("--steps", args.steps),
+            ("--decode-sentences", args.decode_sentences),
+            ("--decode-length", args.decode_length),
+            ("--decode-reps", args.decode_reps),
+            ("--batch-tokens", args.batch_tokens),
+            ("--threads", args.threads),
+        )
+        chosen = sizes_chosen(args)
+        out = output_path(args.out)
+        b = budget("smoke").replace(vocab_size=args.vocab, max_train_pairs=None, dev_pairs=None)
+        data = prepare_data(b, args.preset, data_dir(args.data), Path(args.runs))
+        sources = {
+            size: fixed_length_sources(
+                data.dev_src, args.decode_sentences or (8 if size == "base" else 32), args.decode_length
+            )
+            for size, _ in chosen
+        }
+    except ValueError as exc:  # a bad flag value, DataError, a bad --config or --sizes
+        return failed(exc)
+    meta = measured_under(args, argv)
+    training, decoding, skipped = bench_sizes(args, chosen, data, sources, meta)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, markdown(meta, training, decoding, skipped))  # atomic: a stop never leaves half a report
     write_atomic(

@@ -19,19 +19,18 @@ from typing import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ablations.bench.cpu.measure import CLOCKS, scaled
+from ablations.bench.cpu.measure import CLOCKS, beam_searcher, scaled
 from ablations.bench.report import machine, output_path
 from ablations.bench.workload import fixed_length_sources
 from ablations.data.batching import BatchStream
-from ablations.data.bpe import PAD
 from ablations.data.corpora import data_dir
 from ablations.grid.runner import prepare_data
 from ablations.runs.budgets import budget
 from ablations.runs.options import failed
-from ablations.scoring.decoding import beam_search
 from ablations.training.throughput import median_seconds
 from ablations.training.train import make_optimizer, train_step
 from model import Transformer, TransformerConfig, kernels
+from model.batch import Batch
 from plumbing.cli import check_counts
 from plumbing.files import write_atomic
 from plumbing.stopping import stops_cleanly
@@ -85,11 +84,12 @@ def shares(work: Callable[[], object]) -> dict[str, float]:
 
 
 def table(title: str, share: dict[str, float]) -> list[str]:
+    """A markdown table of the share of each kind of operation, largest first, and the blank line after it."""
     return [f"| {title} | share of op time |", "|---|---|", *(f"| {kind} | {s:.1%} |" for kind, s in share.items()), ""]
 
 
-@stops_cleanly("nothing written (an earlier report is as it was); run the same command again")
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The profile's flags: the data, and how many training steps and which sources it profiles."""
     parser = argparse.ArgumentParser(prog="python -m ablations.bench.cpu.profiling", description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)")
     parser.add_argument("--runs", default="runs", help="where the BPE cache lives")
@@ -98,7 +98,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-length", type=int, default=20, help="tokens per source (default 20)")
     parser.add_argument("--extra", type=int, default=50, help="output tokens beyond the source length (default 50)")
     parser.add_argument("--out", default=str(Path("reports") / "profile.md"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def decoding_profile(
+    wide: Transformer, narrow: Transformer, src: torch.Tensor, extra: int
+) -> tuple[dict[str, float], float, float]:
+    """Op-time shares of beam search by `wide`, and its CPU seconds beside `narrow`'s (medians of 3): what does not
+    shrink with the width is fixed cost per operation."""
+    with torch.no_grad():
+        decode_shares = shares(beam_searcher(wide.eval(), src, extra))
+        wide_s, narrow_s = (
+            median_seconds(beam_searcher(m.eval(), src, extra), 3, CLOCKS["cpu"]) for m in (wide, narrow)
+        )
+    return decode_shares, wide_s, narrow_s
+
+
+def training_profile(
+    model: Transformer, optimizer: torch.optim.Optimizer, batches: list[Batch]
+) -> tuple[dict[str, float], float]:
+    """Op-time shares of training steps on `batches`, and the CPU seconds per step over one timed pass."""
+
+    def train() -> None:
+        model.train()
+        for batch in batches:
+            train_step(model, model.loss, optimizer, [batch], 1e-4)
+
+    return shares(train), median_seconds(train, 1, CLOCKS["cpu"]) / len(batches)
+
+
+@stops_cleanly("nothing written (an earlier report is as it was); run the same command again")
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     cpu = budget("cpu")
     try:
         check_counts(
@@ -119,22 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = make_optimizer(model, torch.device("cpu"))
     stream = BatchStream(data.train_src, data.train_tgt, cpu.batch_tokens, seed=0)  # as training draws them
     batches = [stream.next() for _ in range(args.steps)]
-
-    def train() -> None:
-        model.train()
-        for batch in batches:
-            train_step(model, model.loss, optimizer, [batch], 1e-4)
-
-    def decoder(m: Transformer) -> Callable[[], object]:
-        m.eval()
-        return lambda: beam_search(m, src, src.eq(PAD), beam=4, extra_len=args.extra)
-
     narrow = Transformer(scaled(cfg, cfg.vocab_size))  # every size / 8 once more: d_model 8
-    with torch.no_grad():
-        decode_shares = shares(decoder(model))
-        wide_s, narrow_s = (median_seconds(decoder(m), 3, CLOCKS["cpu"]) for m in (model, narrow))
-    train_shares = shares(train)
-    step_s = median_seconds(train, 1, CLOCKS["cpu"]) / len(batches)
+    decode_shares, wide_s, narrow_s = decoding_profile(model, narrow, src, args.extra)
+    train_shares, step_s = training_profile(model, optimizer, batches)
     meta = machine()
     command = " ".join(["python -m ablations.bench.cpu.profiling", *(argv if argv is not None else sys.argv[1:])])
     lines = [

@@ -13,11 +13,26 @@ CLOCK_NOTES = {
 
 
 def markdown(meta: dict, training: list[dict], decoding: list[dict], skipped: list[str]) -> str:
+    """The report: how it was measured, the training and beam-search tables, each speed choice's ratio, and skips."""
+    ref = {r["size"]: r for r in training if r["variant"] == "reference"}
+    lines = [
+        *conditions(meta, training),
+        *training_table(training, ref),
+        *choices_table(training, decoding, ref),
+        *decoding_table(meta, decoding),
+    ]
+    if skipped:
+        lines += ["", *(f"- {line}" for line in skipped)]
+    return "\n".join(lines) + "\n"
+
+
+def conditions(meta: dict, training: list[dict]) -> list[str]:
+    """The title and what every figure was measured under: machine, load, clock, batches, threads, GEMM rate."""
     rates = {(r["size"], r["threads"]): r["gemm_flops_per_s"] for r in training}
     gemm = ", ".join(
         f"{rate / 1e9:.0f} GFLOP/s on {n} thread{'s' * (n > 1)} ({size})" for (size, n), rate in rates.items()
     )
-    lines = [
+    return [
         "# Benchmark: training step and beam search beside real peers, base and scaled (/8) sizes",
         "",
         f"Measured by `nox -s bench{' -- ' + meta['args'] if meta['args'] else ''}` on {meta['cpu']} ({meta['cores']} cores), "
@@ -34,18 +49,28 @@ def markdown(meta: dict, training: list[dict], decoding: list[dict], skipped: li
         f"GEMM calibration (fp32 1024x512 @ 512x2048, median over the repetitions): {gemm}. The fraction of the GEMM "
         "rate counts 6 FLOPs per weight per token (model.params.training_flops).",
         "",
+    ]
+
+
+def training_table(training: list[dict], ref: dict[str, dict]) -> list[str]:
+    """One row per variant's training step, each beside the reference at its size (`ref`)."""
+    lines = [
         "## Training step",
         "",
         "| size | variant | threads | s/step | target tok/s | src+tgt tok/s | fraction of GEMM rate | vs reference |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    ref = {r["size"]: r for r in training if r["variant"] == "reference"}
     for r in training:
         lines.append(
             f"| {r['size']} | {r['variant']} | {r['threads']} | {r['step_s']:.3f} | {r['tgt_tokens_per_s']:,.0f} | "
             f"{r['tokens_per_s']:,.0f} | {r['gemm_fraction']:.0%} | {r['tgt_tokens_per_s'] / ref[r['size']]['tgt_tokens_per_s']:.2f}x |"
         )
-    lines += [
+    return lines
+
+
+def choices_table(training: list[dict], decoding: list[dict], ref: dict[str, dict]) -> list[str]:
+    """The reference's speed-up over each UNDONE row, in training and then in beam search: what each choice bought."""
+    lines = [
         "",
         "## What each speed choice changed (same run)",
         "",
@@ -71,8 +96,13 @@ def markdown(meta: dict, training: list[dict], decoding: list[dict], skipped: li
             f"| {d['size']} (beam search, output tok/s) | {d['system'][len(UNDONE) :]} | {d['output_tokens_per_s']:,.0f} | "
             f"{after:,.0f} | {after / d['output_tokens_per_s']:.2f}x |"
         )
+    return lines
+
+
+def decoding_table(meta: dict, decoding: list[dict]) -> list[str]:
+    """One row per system's beam search on the same sources, each beside the reference at its size."""
     counts = ", ".join(f"{d['sentences']} at {d['size']}" for d in decoding if d["system"] == "reference")
-    lines += [
+    lines = [
         "",
         "## Beam search (beam 4, batched)",
         "",
@@ -90,6 +120,4 @@ def markdown(meta: dict, training: list[dict], decoding: list[dict], skipped: li
             f"| {d['size']} | {d['system']} | {d['threads']} | {d['s']:.2f} | {d['output_tokens_per_s']:,.0f} | "
             f"{d['output_tokens_per_s'] / dref[d['size']]['output_tokens_per_s']:.2f}x |"
         )
-    if skipped:
-        lines += ["", *(f"- {line}" for line in skipped)]
-    return "\n".join(lines) + "\n"
+    return lines
