@@ -16,6 +16,7 @@ from typing import Callable
 
 import sentencepiece as spm
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
 from ablations.data.batching import BatchStream
@@ -30,7 +31,7 @@ from ablations.training.backends import sdpa_backend
 from ablations.training.distributed import SINGLE, Ranks, backend, from_main
 from ablations.training.peaks import peak
 from ablations.training.throughput import gemm_flops, throughput
-from ablations.training.train import Diverged, train
+from ablations.training.train import Diverged, TrainState, train
 from model import ModelSpec, count_parameters, load_model
 from model.params import training_flops
 from model.table3 import Table3Row
@@ -199,9 +200,40 @@ def train_and_score(grid: Grid, run: R.Run, data: PreparedData, on_step: Callabl
     their seconds. wall_s is every training step's seconds (compiling included; evaluation and checkpoints not), and
     wall_tokens_per_s and wall_mfu are the rates over it; compile_s and compiles say what compiling took.
     """
-    cfg, settings, directory, label = run.config, run.settings, run.directory, run.label
+    directory, final = run.directory, blank_final(grid, run)
+    try:
+        torch.manual_seed(run.seed)
+        model = load_model(grid.model_spec, config=run.config).to(grid.device)
+        counts = count_parameters(model.parameter_groups())
+        final["params"] = counts["total"]
+        stream = BatchStream(
+            data.train_src, data.train_tgt, run.settings.micro_tokens, run.seed, pad_multiple=run.settings.pad_multiple
+        )
+        state = train(model, run, stream, (data.dev_src, data.dev_tgt), grid.device, on_step, grid.ranks)
+        if not grid.ranks.main:
+            return "trained"
+        add_rates(final, state, grid, run, counts)
+        add_scores(final, model, data, grid, run)
+    except Diverged as exc:  # every rank sees the same (summed) loss, so all ranks stop here together
+        final.update(status="diverged", error=str(exc), steps=exc.step)
+    except StorageError:  # the disk, not the run: nothing to record (it could not be written), the grid stops
+        raise
+    except Exception as exc:  # noqa: BLE001 - one row's failure (out of memory, ...) must not stop the grid; recorded, retried
+        error = " ".join(f"{type(exc).__name__}: {exc}".split())
+        final.update(status="failed", error=error)
+        if grid.ranks.main:
+            R.record_failure(directory, error)
+        if grid.ranks.parallel:  # ranks out of step cannot go on together: the torchrun job ends, a re-run retries
+            write_final(directory, final, grid.ranks)
+            raise
+    write_final(directory, final, grid.ranks)
+    return final["status"]
+
+
+def blank_final(grid: Grid, run: R.Run) -> dict:
+    """final.json before training: the run's identity and provenance, its results empty, so every ending has all keys."""
     header = {k: v for k, v in run.identity.items() if k not in ("config", "train", "data")}
-    final = {
+    return {
         **header,
         "status": "finished",
         "error": None,
@@ -228,76 +260,63 @@ def train_and_score(grid: Grid, run: R.Run, data: PreparedData, on_step: Callabl
         "torch": torch.__version__,
         "commit": git_commit(),
         "date": None,
-        "config": cfg.to_dict(),
+        "config": run.config.to_dict(),
     }
-    try:
-        torch.manual_seed(run.seed)
-        model = load_model(grid.model_spec, config=cfg).to(grid.device)
-        counts = count_parameters(model.parameter_groups())
-        final["params"] = counts["total"]
-        stream = BatchStream(
-            data.train_src, data.train_tgt, settings.micro_tokens, run.seed, pad_multiple=settings.pad_multiple
-        )
-        state = train(model, run, stream, (data.dev_src, data.dev_tgt), grid.device, on_step, grid.ranks)
-        if not grid.ranks.main:
-            return "trained"
-        final.update(
-            steps=state.step,
-            tokens_seen=state.tokens_seen,
-            wall_s=state.wall_s,
-            compile_s=state.compile_s,
-            compiles=state.compiles,
-            tokens_per_s=state.steady_tokens / state.steady_s if state.steady_s else None,
-            wall_tokens_per_s=state.tokens_seen / state.wall_s if state.wall_s else None,
-        )
-        card = peak(grid.device)
-        if card:
-            final.update(peak_card=card.card, peak_flops=card.flops)
-            for rate, mfu in (("tokens_per_s", "mfu"), ("wall_tokens_per_s", "wall_mfu")):
-                if final[rate]:  # about half the tokens are source, half target; tokens/s of all ranks
-                    half = final[rate] / 2
-                    final[mfu] = training_flops(cfg, counts, half, half) / (card.flops * grid.ranks.world)
-        if final["tokens_per_s"]:  # what this machine's fp32 GEMMs reach now, on its threads: the step's share of it
-            half = final["tokens_per_s"] / 2
-            final["gemm_fraction"] = throughput(cfg, counts, half, half, 1.0, gemm_flops(grid.device))["gemm_fraction"]
-        started = time.perf_counter()
-        final["dev_ppl"] = perplexity(
-            model, data.dev_src, data.dev_tgt, grid.device, settings.micro_tokens, settings.autocast, progress=label
-        )
-        scores = dev_bleu(
-            model,
-            data.sp,
-            data.dev_src,
-            data.dev_refs,
-            grid.device,
-            settings.beam,
-            settings.alpha,
-            settings.extra_len,
-            settings.autocast,
-            max_tokens=settings.micro_tokens,
-            progress=label,
-        )
-        final.update(
-            bleu=scores.bleu,
-            bleu_tokenized=scores.bleu_tokenized,
-            sacrebleu_signature=scores.signature,
-            eval_s=time.perf_counter() - started,
-        )
-        write_atomic(directory / R.HYPOTHESES, "".join(h + "\n" for h in scores.hypotheses))
-    except Diverged as exc:  # every rank sees the same (summed) loss, so all ranks stop here together
-        final.update(status="diverged", error=str(exc), steps=exc.step)
-    except StorageError:  # the disk, not the run: nothing to record (it could not be written), the grid stops
-        raise
-    except Exception as exc:  # noqa: BLE001 - one row's failure (out of memory, ...) must not stop the grid; recorded, retried
-        error = " ".join(f"{type(exc).__name__}: {exc}".split())
-        final.update(status="failed", error=error)
-        if grid.ranks.main:
-            R.record_failure(directory, error)
-        if grid.ranks.parallel:  # ranks out of step cannot go on together: the torchrun job ends, a re-run retries
-            write_final(directory, final, grid.ranks)
-            raise
-    write_final(directory, final, grid.ranks)
-    return final["status"]
+
+
+def add_rates(final: dict, state: TrainState, grid: Grid, run: R.Run, counts: dict[str, int]) -> None:
+    """Fill in the training's steps, times and rates, as MFU against the card's peak and as the share of this
+    machine's GEMM rate, so that a run's speed reads beside its score."""
+    cfg = run.config
+    final.update(
+        steps=state.step,
+        tokens_seen=state.tokens_seen,
+        wall_s=state.wall_s,
+        compile_s=state.compile_s,
+        compiles=state.compiles,
+        tokens_per_s=state.steady_tokens / state.steady_s if state.steady_s else None,
+        wall_tokens_per_s=state.tokens_seen / state.wall_s if state.wall_s else None,
+    )
+    card = peak(grid.device)
+    if card:
+        final.update(peak_card=card.card, peak_flops=card.flops)
+        for rate, mfu in (("tokens_per_s", "mfu"), ("wall_tokens_per_s", "wall_mfu")):
+            if final[rate]:  # about half the tokens are source, half target; tokens/s of all ranks
+                half = final[rate] / 2
+                final[mfu] = training_flops(cfg, counts, half, half) / (card.flops * grid.ranks.world)
+    if final["tokens_per_s"]:  # what this machine's fp32 GEMMs reach now, on its threads: the step's share of it
+        half = final["tokens_per_s"] / 2
+        final["gemm_fraction"] = throughput(cfg, counts, half, half, 1.0, gemm_flops(grid.device))["gemm_fraction"]
+
+
+def add_scores(final: dict, model: nn.Module, data: PreparedData, grid: Grid, run: R.Run) -> None:
+    """Fill in the trained model's dev perplexity and BLEU, the scores of Table 3 (section 6.2), and the seconds they
+    took; the hypotheses are written beside final.json."""
+    settings, label = run.settings, run.label
+    started = time.perf_counter()
+    final["dev_ppl"] = perplexity(
+        model, data.dev_src, data.dev_tgt, grid.device, settings.micro_tokens, settings.autocast, progress=label
+    )
+    scores = dev_bleu(
+        model,
+        data.sp,
+        data.dev_src,
+        data.dev_refs,
+        grid.device,
+        settings.beam,
+        settings.alpha,
+        settings.extra_len,
+        settings.autocast,
+        max_tokens=settings.micro_tokens,
+        progress=label,
+    )
+    final.update(
+        bleu=scores.bleu,
+        bleu_tokenized=scores.bleu_tokenized,
+        sacrebleu_signature=scores.signature,
+        eval_s=time.perf_counter() - started,
+    )
+    write_atomic(run.directory / R.HYPOTHESES, "".join(h + "\n" for h in scores.hypotheses))
 
 
 def write_final(directory: Path, final: dict, ranks: Ranks) -> None:

@@ -19,7 +19,7 @@ import sys
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 import torch
 from torch import Tensor, nn
@@ -217,6 +217,32 @@ def add_times(state: TrainState, laps: Laps, window: Laps) -> None:
     state.steady_tokens += laps.steady_tokens
 
 
+@dataclass(frozen=True)
+class Loop:
+    """What every step of `train` works with: the model, its forward (wrapped, compiled), the optimizer, the data,
+    and the run it writes to."""
+
+    model: nn.Module
+    forward: Callable[..., Tensor]
+    optimizer: torch.optim.Optimizer
+    stream: BatchStream
+    run: Run
+    dev: tuple[list[list[int]], list[list[int]]]
+    device: torch.device
+    ranks: Ranks
+
+
+@dataclass(frozen=True)
+class Step:
+    """A step just taken: its loss (on the device, not read yet), its learning rate, and whether it is logged and
+    checkpointed."""
+
+    loss: Tensor
+    lr: float
+    logged: bool
+    saved: bool
+
+
 def train(
     model: nn.Module,
     run: Run,
@@ -234,19 +260,11 @@ def train(
     for the device only at logging and checkpoint steps; data-parallel, that is also where the ranks agree on a stop,
     so a stop signal ends the run at the next of those steps.
     """
-    settings, run_dir, label, run_id = run.settings, run.directory, run.label, run.key
-    optimizer = make_optimizer(model, device)
-    state = resume(run_dir, model, optimizer, label, run_id)
-    if ranks.main:
-        truncate_metrics(run_dir, state.step)
-    stream.seek(state.epoch, state.index)
-    forward = wrap(model, ranks, device)
-    forward = compile_model(forward) if settings.compile else forward
-    vocab = model.config.vocab_size
+    loop, state = start(model, run, stream, dev, device, ranks)
     bar = tqdm(
-        total=settings.steps,
+        total=run.settings.steps,
         initial=state.step,
-        desc=label,
+        desc=run.label,
         unit="step",
         leave=False,
         dynamic_ncols=True,
@@ -255,66 +273,109 @@ def train(
     try:  # the bar is closed however the loop ends (divergence, a stop, a full disk)
         window, clock = Laps(), StepClock(device)
         model.train()
-        while state.step < settings.steps:
+        while state.step < run.settings.steps:
             with stopping.step():  # a stop signal lets the step finish: a checkpoint of it continues the run exactly
-                clock.start()  # each step timed from its own start: evaluation, saving and logging are not steps
-                micro = [stream.next() for _ in range(settings.accumulation)]
-                if ranks.parallel:  # each rank its own dropout masks, the same ones again after a resume
-                    torch.manual_seed(step_seed(stream.seed, state.step, ranks.rank))
-                lr = learning_rate(state.step + 1, model.config.d_model, settings.warmup, settings.lr_peak)
-                graphs = compiles()
-                step_loss = train_step(
-                    forward,
-                    model.loss,
-                    optimizer,
-                    [b.to(device) for b in shard(micro, ranks)],
-                    lr,
-                    settings.autocast,
-                    sum(b.tgt_tokens for b in micro),
-                    ranks,
-                )
-                tokens = sum(b.src_tokens + b.tgt_tokens for b in micro)
-                clock.lap(compiles() - graphs, tokens)
-                state.step, state.tokens_seen = state.step + 1, state.tokens_seen + tokens
-                state.epoch, state.index = stream.epoch, stream.index
-                logged = state.step % settings.log_every == 0 or state.step == settings.steps
-                saved = state.step % settings.checkpoint_every == 0 or state.step == settings.steps
-                # The loss and the step times are read back (a wait for the GPU) only where they are logged or saved.
-                loss = step_loss.item() if logged or saved else 0.0
-                if logged or saved:
-                    add_times(state, clock.read(), window)
-                diverged = not math.isfinite(loss) or loss > DIVERGED_LOSS * math.log(vocab)
-                if ranks.main and (diverged or logged):
-                    record = {"step": state.step, "loss": loss, "lr": lr, **window.summary(), "time_s": state.wall_s}
-                    if not diverged and (state.step % settings.eval_every == 0 or state.step == settings.steps):
-                        record["dev_ppl"] = perplexity(
-                            model, *dev, device, settings.micro_tokens, settings.autocast, progress=label
-                        )
-                        model.train()
-                    append_metrics(run_dir, record)
-                    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{record['tokens_per_s'] or 0:,.0f}")
-                if logged:
-                    window = Laps()
-                if diverged:
-                    raise Diverged(state.step, loss)
-                if ranks.main and saved:
-                    save_checkpoint(run_dir / CHECKPOINT, model, optimizer, state, run_id)
+                step = take_step(loop, state, clock)
+                window = log_and_save(loop, state, step, clock, window, bar)
             # Every rank stops after the same step; agreeing on it is a collective, so data-parallel it waits for
             # the steps where the host waits for the device anyway.
-            agree = logged or saved or not ranks.parallel
+            agree = step.logged or step.saved or not ranks.parallel
             signum = first_signal(stopping.requested(), ranks, device) if agree else None
             if signum:
-                if ranks.main and not saved:
-                    add_times(state, clock.read(), window)
-                if ranks.main and not logged and (window.steps or window.compiling):  # the steps since the last log
-                    record = {"step": state.step, "loss": step_loss.item(), "lr": lr, **window.summary()}
-                    append_metrics(run_dir, {**record, "time_s": state.wall_s, "stopped": True})
-                if ranks.main and not saved:
-                    save_checkpoint(run_dir / CHECKPOINT, model, optimizer, state, run_id)
-                raise stopping.Stopped(signum, f"{label} at step {state.step}, checkpoint saved")
+                stop_cleanly(loop, state, step, clock, window, signum)
             bar.update(1)
             if on_step is not None:
                 on_step(state.step)
     finally:
         bar.close()
     return state
+
+
+def start(
+    model: nn.Module,
+    run: Run,
+    stream: BatchStream,
+    dev: tuple[list[list[int]], list[list[int]]],
+    device: torch.device,
+    ranks: Ranks,
+) -> tuple[Loop, TrainState]:
+    """The loop's parts and the run's progress: resumed from its checkpoint, metrics.jsonl cut back to that step and
+    the stream sought to its position, so that training continues exactly where the checkpoint left it."""
+    optimizer = make_optimizer(model, device)
+    state = resume(run.directory, model, optimizer, run.label, run.key)
+    if ranks.main:
+        truncate_metrics(run.directory, state.step)
+    stream.seek(state.epoch, state.index)
+    forward = wrap(model, ranks, device)
+    forward = compile_model(forward) if run.settings.compile else forward
+    return Loop(model, forward, optimizer, stream, run, dev, device, ranks), state
+
+
+def take_step(loop: Loop, state: TrainState, clock: StepClock) -> Step:
+    """One timed optimizer step on the stream's next micro-batches at the warm-up learning rate (section 5.3); the
+    state advances past it."""
+    settings, stream, ranks = loop.run.settings, loop.stream, loop.ranks
+    clock.start()  # each step timed from its own start: evaluation, saving and logging are not steps
+    micro = [stream.next() for _ in range(settings.accumulation)]
+    if ranks.parallel:  # each rank its own dropout masks, the same ones again after a resume
+        torch.manual_seed(step_seed(stream.seed, state.step, ranks.rank))
+    lr = learning_rate(state.step + 1, loop.model.config.d_model, settings.warmup, settings.lr_peak)
+    graphs = compiles()
+    step_loss = train_step(
+        loop.forward,
+        loop.model.loss,
+        loop.optimizer,
+        [b.to(loop.device) for b in shard(micro, ranks)],
+        lr,
+        settings.autocast,
+        sum(b.tgt_tokens for b in micro),
+        ranks,
+    )
+    tokens = sum(b.src_tokens + b.tgt_tokens for b in micro)
+    clock.lap(compiles() - graphs, tokens)
+    state.step, state.tokens_seen = state.step + 1, state.tokens_seen + tokens
+    state.epoch, state.index = stream.epoch, stream.index
+    logged = state.step % settings.log_every == 0 or state.step == settings.steps
+    saved = state.step % settings.checkpoint_every == 0 or state.step == settings.steps
+    return Step(step_loss, lr, logged, saved)
+
+
+def log_and_save(loop: Loop, state: TrainState, step: Step, clock: StepClock, window: Laps, bar: tqdm) -> Laps:
+    """After a step: log it to metrics.jsonl (with dev perplexity at evaluation steps), raise Diverged on a runaway
+    loss, checkpoint it; returns the window of step times the next log reports."""
+    settings, run, model = loop.run.settings, loop.run, loop.model
+    # The loss and the step times are read back (a wait for the GPU) only where they are logged or saved.
+    loss = step.loss.item() if step.logged or step.saved else 0.0
+    if step.logged or step.saved:
+        add_times(state, clock.read(), window)
+    diverged = not math.isfinite(loss) or loss > DIVERGED_LOSS * math.log(model.config.vocab_size)
+    if loop.ranks.main and (diverged or step.logged):
+        record = {"step": state.step, "loss": loss, "lr": step.lr, **window.summary(), "time_s": state.wall_s}
+        if not diverged and (state.step % settings.eval_every == 0 or state.step == settings.steps):
+            record["dev_ppl"] = perplexity(
+                model, *loop.dev, loop.device, settings.micro_tokens, settings.autocast, progress=run.label
+            )
+            model.train()
+        append_metrics(run.directory, record)
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{record['tokens_per_s'] or 0:,.0f}")
+    if step.logged:
+        window = Laps()
+    if diverged:
+        raise Diverged(state.step, loss)
+    if loop.ranks.main and step.saved:
+        save_checkpoint(run.directory / CHECKPOINT, model, loop.optimizer, state, run.key)
+    return window
+
+
+def stop_cleanly(loop: Loop, state: TrainState, step: Step, clock: StepClock, window: Laps, signum: int) -> NoReturn:
+    """End the run after a stop signal: log the steps since the last log, checkpoint the step unless it just was, and
+    raise Stopped, so that a re-run continues exactly."""
+    run, main = loop.run, loop.ranks.main
+    if main and not step.saved:
+        add_times(state, clock.read(), window)
+    if main and not step.logged and (window.steps or window.compiling):  # the steps since the last log
+        record = {"step": state.step, "loss": step.loss.item(), "lr": step.lr, **window.summary()}
+        append_metrics(run.directory, {**record, "time_s": state.wall_s, "stopped": True})
+    if main and not step.saved:
+        save_checkpoint(run.directory / CHECKPOINT, loop.model, loop.optimizer, state, run.key)
+    raise stopping.Stopped(signum, f"{run.label} at step {state.step}, checkpoint saved")
