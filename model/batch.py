@@ -33,8 +33,11 @@ class Batch:
     def tgt_tokens(self) -> int:
         return self.counts[1] if self.counts else int(self.tgt_pad.numel() - self.tgt_pad.sum())
 
-    def forward(self, model: Seq2SeqModel) -> Tensor:
-        """The model's logits (B, T, vocab) for this batch."""
+    def forward(self, model: Seq2SeqModel, with_labels: bool = False) -> Tensor:
+        """The model's logits (B, T, vocab) for this batch; `with_labels`, the loss of a model that takes the labels
+        and returns its training loss (the reference model, `Transformer.training_loss`)."""
+        if with_labels:
+            return model(self.src, self.tgt, self.src_pad, self.tgt_pad, labels=self.labels)
         return model(self.src, self.tgt, self.src_pad, self.tgt_pad)
 
     def to(self, device: torch.device) -> Batch:

@@ -31,13 +31,7 @@ class _LabelSmoothedLoss(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
         flat, target, weight, top, log_sum = ctx.saved_tensors
-        scale, eps = weight * grad, ctx.eps  # (N,)
-        if ctx.by_kernel:
-            out = kernels.smoothed_nll_backward(flat, target, top, log_sum, scale, eps)
-            return out.view(ctx.shape), None, None, None, None
-        softmax = torch.exp((flat - top.unsqueeze(1)).sub_(log_sum.unsqueeze(1)))  # x - m first: no digits lost
-        out = softmax.sub_(eps / flat.size(-1)).mul_(scale.unsqueeze(1))  # w * (softmax - eps / V) ...
-        out.scatter_add_(1, target.unsqueeze(1), (-(1 - eps) * scale).unsqueeze(1))  # ... - w * (1 - eps) * one-hot
+        out = logit_gradient(flat, target, top, log_sum, weight * grad, ctx.eps, ctx.by_kernel)
         return out.view(ctx.shape), None, None, None, None
 
 
@@ -51,6 +45,19 @@ def row_losses(logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tens
     return (1 - eps) * nll + eps * (log_sum - shifted.mean(-1)), top, log_sum
 
 
+def logit_gradient(
+    logits: Tensor, target: Tensor, top: Tensor, log_sum: Tensor, scale: Tensor, eps: float, by_kernel: bool
+) -> Tensor:
+    """The gradient of sum_n scale[n] * row_losses(logits)[n] with respect to the logits (N, V), written once:
+    scale * (softmax - eps / V - (1 - eps) * one-hot), from each row's maximum and log-sum-exp."""
+    if by_kernel:
+        return kernels.smoothed_nll_backward(logits, target, top, log_sum, scale, eps)
+    softmax = torch.exp((logits - top.unsqueeze(1)).sub_(log_sum.unsqueeze(1)))  # x - m first: no digits lost
+    out = softmax.sub_(eps / logits.size(-1)).mul_(scale.unsqueeze(1))  # w * (softmax - eps / V) ...
+    out.scatter_add_(1, target.unsqueeze(1), (-(1 - eps) * scale).unsqueeze(1))  # ... - w * (1 - eps) * one-hot
+    return out
+
+
 def label_smoothed_loss(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
     """Cross-entropy against (1 - eps) * one-hot + eps / vocab, averaged over non-pad target tokens (section 5.4)."""
     return _LabelSmoothedLoss.apply(logits, target, pad_id, eps, kernels.takes_loss(logits))
@@ -59,6 +66,58 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, pad_id: int, eps: float)
 def label_smoothed_loss_by_torch_ops(logits: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
     """`label_smoothed_loss` without the CPU kernel (the benchmark's before, and the tests' check of both)."""
     return _LabelSmoothedLoss.apply(logits, target, pad_id, eps, False)
+
+
+CHUNK_LOGITS = 2**24  # logits made at a time by `linear_label_smoothed_loss`: 64 MB in float32
+
+
+class _LinearLabelSmoothedLoss(torch.autograd.Function):
+    """`label_smoothed_loss(hidden @ weight^T, ...)` a chunk of rows at a time: each chunk's logits are made, scored
+    and turned into the gradients of hidden and weight within the forward pass, then dropped, so that no more than
+    one chunk's logits are ever held; the backward only scales those gradients by the loss's own."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
+        device = hidden.device.type
+        compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        scores = torch.float64 if compute == torch.float64 else torch.float32  # softmax and loss at float32 or more
+        h, w, target = hidden.reshape(-1, hidden.size(-1)).to(compute), weight.to(compute), target.reshape(-1)
+        share = target.ne(pad_id).to(scores)
+        share = share / share.sum()  # 0/0 = nan with no target token, as F.cross_entropy gives
+        wanted = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        total = torch.zeros((), dtype=scores, device=hidden.device)
+        grad_h = torch.empty_like(h) if wanted else None
+        grad_w = torch.zeros(weight.shape, dtype=scores, device=weight.device) if wanted else None
+        rows_per_chunk = max(1, CHUNK_LOGITS // weight.size(0))
+        with torch.autocast(device, enabled=False):  # each matmul in `compute`, as autocast would run the linear
+            for start in range(0, h.size(0), rows_per_chunk):
+                rows = slice(start, start + rows_per_chunk)
+                logits = (h[rows] @ w.T).to(scores)
+                by_kernel = kernels.takes_loss(logits)
+                scored = kernels.smoothed_nll if by_kernel else row_losses
+                losses, top, log_sum = scored(logits, target[rows], eps)
+                total += (losses * share[rows]).sum()
+                if wanted:
+                    grad = logit_gradient(logits, target[rows], top, log_sum, share[rows], eps, by_kernel).to(compute)
+                    grad_h[rows] = grad @ w
+                    grad_w += grad.T @ h[rows]
+        if wanted:
+            ctx.save_for_backward(grad_h.view(hidden.shape).to(hidden.dtype), grad_w.to(weight.dtype))
+        return total
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None, None, None]:
+        grad_h, grad_w = ctx.saved_tensors
+        return grad_h * grad.to(grad_h.dtype), grad_w * grad.to(grad_w.dtype), None, None, None
+
+
+@torch.compiler.disable  # a loop over a number of chunks that follows the batch's size: compiled, every size recompiles
+def linear_label_smoothed_loss(hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
+    """`label_smoothed_loss` of the logits hidden @ weight^T (the pre-softmax linear, section 3.4) without holding
+    them all: at a 37k vocabulary and 25k target positions their float32 copy alone is 3.7 GB. Under autocast the
+    matmuls run in its dtype, as the linear would, and the softmax and loss in float32."""
+    return _LinearLabelSmoothedLoss.apply(hidden, weight, target, pad_id, eps)
 
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.98), 1e-9  # the paper's Adam (section 5.3): beta1, beta2 and epsilon

@@ -27,8 +27,10 @@ from model.layers import (
     embedding_scale,
     sinusoidal_table,
 )
-from model.objective import label_smoothed_loss
+from model.objective import label_smoothed_loss, linear_label_smoothed_loss
 from model.paper_params import PaperParams, export_paper_params, reference_sublayers
+
+HALF = (torch.bfloat16, torch.float16)
 
 
 def causal_mask(queries: int, keys: int, offset: int, device: torch.device | None = None) -> Tensor:
@@ -111,6 +113,12 @@ class Transformer(nn.Module):
         self, tgt: Tensor, memory: Tensor, src_pad: Tensor, tgt_pad: Tensor, cache: KVCache | None = None
     ) -> Tensor:
         """With a cache, tgt holds only new positions; earlier target keys are taken as non-pad (right padding)."""
+        return self.generator(self.decoded(tgt, memory, src_pad, tgt_pad, cache))
+
+    def decoded(
+        self, tgt: Tensor, memory: Tensor, src_pad: Tensor, tgt_pad: Tensor, cache: KVCache | None = None
+    ) -> Tensor:
+        """The decoder stack's output (B, T, d_model), the input of the pre-softmax linear."""
         offset = cache.length if cache is not None else 0
         x = tgt if tgt.is_floating_point() else self.embed(tgt)
         x = self.dropout(self.pe(x, offset))
@@ -123,10 +131,34 @@ class Transformer(nn.Module):
             x = layer(x, memory, self_allowed, cross_allowed, cache)
         if cache is not None:
             cache.length += T
-        return self.generator(x)
+        return x
 
-    def forward(self, src: Tensor, tgt: Tensor, src_pad: Tensor, tgt_pad: Tensor) -> Tensor:
-        return self.decode(tgt, self.encode(src, src_pad), src_pad, tgt_pad)
+    def forward(
+        self, src: Tensor, tgt: Tensor, src_pad: Tensor, tgt_pad: Tensor, labels: Tensor | None = None
+    ) -> Tensor:
+        """The logits (B, T, vocab); given the labels, the training loss `loss(logits, labels)` instead, by
+        `linear_label_smoothed_loss`, which never holds all the logits at once (called here, not in a method of its
+        own, so that torch.compile breaks the graph once, after the decoder, and compiles one graph)."""
+        memory = self.encode(src, src_pad)
+        if labels is None:
+            return self.decode(tgt, memory, src_pad, tgt_pad)
+        if not self.loss_is_chunked():
+            logits = self.decode(tgt, memory, src_pad, tgt_pad)
+            return self.loss(logits.float() if logits.dtype in HALF else logits, labels)  # fp32 under autocast
+        decoded = self.decoded(tgt, memory, src_pad, tgt_pad)
+        return linear_label_smoothed_loss(
+            decoded, self.generator.weight, labels, self.config.pad_id, self.config.eps_ls
+        )
+
+    def loss_is_chunked(self) -> bool:
+        """Whether `forward` with labels takes the chunked loss: not in a model that changes the decoding, the
+        pre-softmax linear or the loss (a subclass, a mutant, a benchmark's variant), which takes the logits."""
+        return (
+            self.parts.loss is label_smoothed_loss
+            and type(self).loss is Transformer.loss
+            and type(self).decode is Transformer.decode
+            and type(self.generator) is nn.Linear
+        )
 
     def loss(self, logits: Tensor, target: Tensor) -> Tensor:
         return self.parts.loss(logits, target, self.config.pad_id, self.config.eps_ls)

@@ -16,7 +16,7 @@ import torch
 
 from ablations.data.batching import BatchStream
 from ablations.runs.budgets import BUDGETS, budget, row_config, select_rows
-from ablations.training.train import make_optimizer, train_step
+from ablations.training.train import loss_of, make_optimizer, train_step
 from model import TransformerConfig, load_model
 
 
@@ -27,7 +27,7 @@ def step_seconds(config: TransformerConfig, batches: list, warmup: int) -> float
     for i, batch in enumerate(batches):
         if i == warmup:
             start = time.perf_counter()
-        train_step(model, model.loss, optimizer, [batch], 1e-3)
+        train_step(model, loss_of(model), optimizer, [batch], 1e-3)
     return (time.perf_counter() - start) / (len(batches) - warmup)
 
 

@@ -27,7 +27,7 @@ from ablations.grid.runner import describe_device, prepare_data
 from ablations.runs.budgets import BUDGETS, budget, row_config, select_rows
 from ablations.runs.options import failed
 from ablations.training.backends import sdpa_backend
-from ablations.training.train import make_optimizer, train_step
+from ablations.training.train import loss_of, make_optimizer, train_step
 from model import TransformerConfig, load_model
 from model.batch import Batch
 from plumbing.cli import check_counts, resolve_device
@@ -70,7 +70,7 @@ def step_times(
         for multiple, (model, optimizer, times, tokens) in systems.items():
             batch = batches_by_multiple[multiple][i].to(device)
             started = time.perf_counter()
-            train_step(model, model.loss, optimizer, [batch], 1e-4, autocast).item()
+            train_step(model, loss_of(model), optimizer, [batch], 1e-4, autocast).item()
             if i >= warmup:
                 times.append(time.perf_counter() - started)
                 tokens[0] += batch.src_tokens + batch.tgt_tokens

@@ -31,6 +31,7 @@ from ablations.scoring.evaluate import perplexity
 from ablations.training.clock import Laps, StepClock
 from ablations.training.compiling import compile_model, compiles
 from ablations.training.distributed import SINGLE, Ranks, first_signal, shard, step_seed, sum_over_ranks, wrap
+from model import Transformer
 from model.batch import Batch
 from model.objective import ADAM_BETAS, ADAM_EPS, learning_rate
 from plumbing import stopping
@@ -68,9 +69,15 @@ def make_optimizer(model: nn.Module, device: torch.device) -> torch.optim.Adam:
     )
 
 
+def loss_of(model: nn.Module) -> Callable[[Tensor, Tensor], Tensor] | None:
+    """The loss `train_step` applies to the model's logits; None for the reference model, which takes the labels
+    and returns its loss without holding the whole logits at once (`Transformer.training_loss`)."""
+    return None if isinstance(model, Transformer) else model.loss
+
+
 def train_step(
     model: Callable[..., Tensor],
-    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    loss_fn: Callable[[Tensor, Tensor], Tensor] | None,
     optimizer: torch.optim.Optimizer,
     micro_batches: list[Batch],
     lr: float,
@@ -85,6 +92,7 @@ def train_step(
     is the same as that of one batch holding them all. Data-parallel, micro_batches are this rank's
     share and step_tokens the target tokens of the whole step: DDP averages gradients over the ranks,
     so each rank scales its share by their number, and the loss returned is the whole step's.
+    `loss_fn` None: the model returns its own loss given the labels (`loss_of`).
     """
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -96,8 +104,8 @@ def train_step(
         last = i == len(micro_batches) - 1  # DDP all-reduces the accumulated gradients once, after the last backward
         with model.no_sync() if ranks.parallel and not last else nullcontext():
             with torch.autocast(device_type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-                logits = b.forward(model)
-            loss = loss_fn(logits if autocast is None else logits.float(), b.labels)  # the loss in fp32 under autocast
+                output = b.forward(model, with_labels=loss_fn is None)
+            loss = output if loss_fn is None else loss_fn(output if autocast is None else output.float(), b.labels)
             (loss * (b.tgt_tokens * ranks.world / total)).backward()
         loss_sum += loss.detach() * b.tgt_tokens
     optimizer.step()
@@ -323,7 +331,7 @@ def take_step(loop: Loop, state: TrainState, clock: StepClock) -> Step:
     graphs = compiles()
     step_loss = train_step(
         loop.forward,
-        loop.model.loss,
+        loss_of(loop.model),
         loop.optimizer,
         [b.to(loop.device) for b in shard(micro, ranks)],
         lr,

@@ -76,7 +76,7 @@ def test_a_training_step_reads_no_tensor_back_and_its_loss_only_when_the_caller_
     optimizer = T.make_optimizer(model, torch.device("cpu"))
     batches = micro_batches(torch.device("cpu"))
     with counted_reads(monkeypatch) as reads:
-        loss = T.train_step(model, model.loss, optimizer, batches, lr=1e-3)
+        loss = T.train_step(model, T.loss_of(model), optimizer, batches, lr=1e-3)
     assert reads == []
     with counted_reads(monkeypatch) as reads:
         assert loss.item() > 0
@@ -103,11 +103,13 @@ def test_a_training_step_on_a_gpu_makes_no_synchronising_call():
     model = Transformer(TINY).to(cuda)
     optimizer = T.make_optimizer(model, cuda)
     batches = micro_batches(cuda)
-    T.train_step(model, model.loss, optimizer, batches, lr=1e-3, autocast=torch.bfloat16)  # the optimizer's state made
+    T.train_step(
+        model, T.loss_of(model), optimizer, batches, lr=1e-3, autocast=torch.bfloat16
+    )  # the optimizer's state made
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        loss = T.train_step(model, model.loss, optimizer, batches, lr=1e-3, autocast=torch.bfloat16)
+        loss = T.train_step(model, T.loss_of(model), optimizer, batches, lr=1e-3, autocast=torch.bfloat16)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert loss.item() > 0

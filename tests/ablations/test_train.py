@@ -15,8 +15,15 @@ from ablations.runs import folder as R
 from ablations.runs.budgets import BUDGETS, select_rows
 from ablations.scoring.decoding import translate
 from ablations.scoring.evaluate import perplexity
-from ablations.training.train import TrainState, load_checkpoint, make_optimizer, save_checkpoint, train_step
-from model import Transformer, TransformerConfig, parse_spec
+from ablations.training.train import (
+    TrainState,
+    load_checkpoint,
+    loss_of,
+    make_optimizer,
+    save_checkpoint,
+    train_step,
+)
+from model import Transformer, TransformerConfig, load_model, parse_spec
 from tests.helpers import NO_DATA, REAL_DATA, needs_data
 
 TINY = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=30, max_len=32, P_drop=0.0)
@@ -70,6 +77,26 @@ def test_accumulated_micro_batches_give_the_loss_and_gradient_of_one_batch_holdi
     assert loss_split.item() == pytest.approx(loss_whole.item(), rel=1e-12)
     for a, b in zip(whole.parameters(), split.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-14)
+
+
+def test_a_step_on_the_models_own_chunked_loss_equals_a_step_on_the_loss_of_its_logits():
+    # float64: the chunked loss sums the same terms in another order (~1e-16 of gradients of size ~1e-2).
+    src, tgt = toy_batches(1)
+    torch.manual_seed(0)
+    chunked, whole = Transformer(TINY).double(), Transformer(TINY).double()
+    whole.load_state_dict(chunked.state_dict())
+    batches = [make_batch(src[:1], tgt[:1]), make_batch(src[1:], tgt[1:])]
+    assert loss_of(chunked) is None and loss_of(torch_nn_model()) is not None
+    loss_chunked = train_step(chunked, None, make_optimizer(chunked, torch.device("cpu")), batches, lr=1e-3)
+    loss_whole = train_step(whole, whole.loss, make_optimizer(whole, torch.device("cpu")), batches, lr=1e-3)
+    assert loss_chunked.item() == pytest.approx(loss_whole.item(), rel=1e-12)
+    for a, b in zip(chunked.parameters(), whole.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-14)
+
+
+def torch_nn_model():
+    """A peer through its adapter: it gives logits, and `train_step` applies its `loss` to them."""
+    return load_model(parse_spec("torch-nn"), config=TINY)
 
 
 def test_the_gpus_bf16_autocast_path_trains_and_scores_like_fp32_on_cpu():

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from model import Transformer, TransformerConfig, kernels
 from model.attention import attend, explicit_attention, explicit_is_faster
+from model import objective
 from model.objective import label_smoothed_loss, label_smoothed_loss_by_torch_ops
 from model.transformer import causal_mask, key_padding_allowed
 
@@ -230,3 +231,35 @@ def test_sequence_longer_than_max_len_is_a_clear_error():
     src, tgt, src_pad, tgt_pad = batch()
     with pytest.raises(ValueError, match="exceeds max_len=4"):
         model(src, tgt, src_pad, tgt_pad)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_the_chunked_pre_softmax_loss_and_its_gradients_equal_the_loss_of_the_whole_logits(eps, monkeypatch):
+    # float64: the chunks sum the same terms in another order, ~1e-15 apart.
+    monkeypatch.setattr(objective, "CHUNK_LOGITS", 3 * 50)  # 3 rows a chunk: 5 chunks, the last one short
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(2, 7, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, 50, (2, 7), generator=g)
+    target[1, 4:] = 0
+    chunked = objective.linear_label_smoothed_loss(hidden, weight, target, 0, eps)
+    whole = label_smoothed_loss(hidden @ weight.T, target, 0, eps)
+    for ours, theirs in zip(
+        torch.autograd.grad(3 * chunked, (hidden, weight)), torch.autograd.grad(3 * whole, (hidden, weight))
+    ):
+        torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(chunked, whole, atol=1e-12, rtol=1e-12)
+
+
+def test_the_model_given_labels_returns_the_loss_of_its_logits_with_the_same_gradients():
+    torch.manual_seed(0)
+    model = Transformer(TINY.replace(P_drop=0.0)).double()
+    src, tgt, src_pad, tgt_pad = batch()
+    labels = tgt.masked_fill(tgt_pad, TINY.pad_id)
+    ours = model(src, tgt, src_pad, tgt_pad, labels=labels)
+    ours_grads = torch.autograd.grad(ours, list(model.parameters()))
+    theirs = model.loss(model(src, tgt, src_pad, tgt_pad), labels)
+    theirs_grads = torch.autograd.grad(theirs, list(model.parameters()))
+    torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=1e-12)
+    for a, b in zip(ours_grads, theirs_grads):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)

@@ -40,7 +40,7 @@ from ablations.runs.budgets import budget, scale
 from ablations.runs.options import failed
 from ablations.scoring.decoding import beam_search
 from ablations.training.throughput import choose_threads, gemm_flops, throughput
-from ablations.training.train import make_optimizer, train_step
+from ablations.training.train import loss_of, make_optimizer, train_step
 from model import Parts, Transformer, TransformerConfig, count_parameters, kernels
 from model.attention import attend_with_torch_ops
 from model.batch import Batch
@@ -106,7 +106,7 @@ def time_training(
         for name, (model, optimizer, n, _) in alternate(systems.items(), i):
             torch.set_num_threads(n)
             start = clock()
-            train_step(model, model.loss, optimizer, [batch], 1e-4)
+            train_step(model, loss_of(model), optimizer, [batch], 1e-4)
             if i >= warmup:
                 times[name].append(clock() - start)
     return times, gemm

@@ -28,7 +28,7 @@ from ablations.grid.runner import prepare_data
 from ablations.runs.budgets import budget
 from ablations.runs.options import failed
 from ablations.training.throughput import median_seconds
-from ablations.training.train import make_optimizer, train_step
+from ablations.training.train import loss_of, make_optimizer, train_step
 from model import Transformer, TransformerConfig, kernels
 from model.batch import Batch
 from plumbing.cli import check_counts
@@ -122,7 +122,7 @@ def training_profile(
     def train() -> None:
         model.train()
         for batch in batches:
-            train_step(model, model.loss, optimizer, [batch], 1e-4)
+            train_step(model, loss_of(model), optimizer, [batch], 1e-4)
 
     return shares(train), median_seconds(train, 1, CLOCKS["cpu"]) / len(batches)
 
