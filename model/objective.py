@@ -99,8 +99,11 @@ class _LinearLabelSmoothedLoss(torch.autograd.Function):
                 total += (losses * share[rows]).sum()
                 if wanted:
                     grad = logit_gradient(logits, target[rows], top, log_sum, share[rows], eps, by_kernel).to(compute)
-                    grad_h[rows] = grad @ w
-                    grad_w += grad.T @ h[rows]
+                    torch.mm(grad, w, out=grad_h[rows])
+                    if grad_w.dtype == compute:  # in place: no (V, d) temporary a chunk
+                        grad_w.addmm_(grad.T, h[rows])
+                    else:  # bf16 products summed in float32, as autograd sums a bf16 linear's into a float32 .grad
+                        grad_w += grad.T @ h[rows]
         if wanted:
             ctx.save_for_backward(grad_h.view(hidden.shape).to(hidden.dtype), grad_w.to(weight.dtype))
         return total

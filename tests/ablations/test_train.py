@@ -106,9 +106,9 @@ def test_the_gpus_bf16_autocast_path_trains_and_scores_like_fp32_on_cpu():
     torch.manual_seed(0)
     fp32, bf16 = Transformer(TINY), Transformer(TINY)
     bf16.load_state_dict(fp32.state_dict())
-    loss32 = train_step(fp32, fp32.loss, make_optimizer(fp32, cpu), [make_batch(src, tgt)], lr=1e-3)
+    loss32 = train_step(fp32, loss_of(fp32), make_optimizer(fp32, cpu), [make_batch(src, tgt)], lr=1e-3)
     loss16 = train_step(
-        bf16, bf16.loss, make_optimizer(bf16, cpu), [make_batch(src, tgt)], lr=1e-3, autocast=torch.bfloat16
+        bf16, loss_of(bf16), make_optimizer(bf16, cpu), [make_batch(src, tgt)], lr=1e-3, autocast=torch.bfloat16
     )
     # bf16 keeps 8 significant bits (relative rounding 2^-9 per operation); through one layer the loss (~3.5)
     # and the perplexity (~30) move by well under 3%, while a wrong path (no loss, logits in the wrong place) would not.
