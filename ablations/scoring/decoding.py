@@ -10,6 +10,7 @@ cannot be beaten by any live one (the tensor2tensor bound), or at its maximum le
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -27,6 +28,9 @@ def supports_kv_cache(model: Seq2SeqModel) -> bool:
     return "kv_cache" not in getattr(model, "unsupported", {})
 
 
+DONE_CHECK_EVERY = 8  # decoding steps between the host's looks at whether every sentence is done (a GPU wait)
+
+
 @torch.no_grad()
 def beam_search(
     model: Seq2SeqModel,
@@ -37,53 +41,122 @@ def beam_search(
     extra_len: int = 50,
     use_cache: bool | None = None,
 ) -> list[list[int]]:
-    """The best hypothesis (ids without BOS and EOS) for each source row of src (B, S)."""
+    """The best hypothesis (ids without BOS and EOS) for each source row of src (B, S).
+
+    Built not to make a GPU wait: a decoding step reads no tensor's value on the host. The finished hypotheses and the
+    done flags stay on the device (`Finished`), the tokens live in one buffer as long as the longest output, and the KV
+    cache is sized once and reordered by gathers. The host reads the source lengths before the first step, whether
+    every sentence is done once every DONE_CHECK_EVERY steps (so up to DONE_CHECK_EVERY - 1 steps may run after the
+    last sentence is done; they change nothing), and the results after the last step.
+    """
     use_cache = supports_kv_cache(model) if use_cache is None else use_cache
     B, K, device = src.size(0), beam, src.device
     src_lens = (~src_pad).sum(1).tolist()
     limit = model.config.max_len - 1  # positions the decoder can take
     max_len = [min(n + extra_len, limit) for n in src_lens]
+    steps = max(max_len)
     shared = use_cache and getattr(model, "beams_share_memory", False)  # one memory row serves a sentence's K beams
     cache = model.new_cache(beams=K) if shared else model.new_cache() if use_cache else None
+    if cache is not None:
+        cache.reserve(steps)
     memory, mem_pad = model.encode(src, src_pad), src_pad
     if not shared:
         memory, mem_pad = memory.repeat_interleave(K, dim=0), src_pad.repeat_interleave(K, dim=0)
-    tokens = torch.full((B * K, 1), BOS, dtype=torch.long, device=device)
+    tokens = torch.full((B * K, steps + 1), PAD, dtype=torch.long, device=device)  # BOS, then one column per step
+    tokens[:, 0] = BOS
+    tgt_pad = torch.zeros(B * K, steps, dtype=torch.bool, device=device)
     scores = torch.full((B, K), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     first_row = torch.arange(B, device=device).unsqueeze(1) * K
     alive_first = torch.arange(2 * K, device=device)
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
-    done = [False] * B
-    for t in range(1, max(max_len) + 1):
-        step_in = tokens[:, -1:] if cache is not None else tokens
-        tgt_pad = torch.zeros_like(step_in, dtype=torch.bool)
-        logits = model.decode(step_in, memory, mem_pad, tgt_pad, cache)[:, -1]  # (B*K, V)
+    own_rows = torch.arange(B * K, device=device).view(B, K)  # each beam's row of tokens
+    finished = Finished.empty(B, K, steps, max_len, alpha, device)
+    for t in range(1, steps + 1):
+        step_in = tokens[:, t - 1 : t] if cache is not None else tokens[:, :t]
+        logits = model.decode(step_in, memory, mem_pad, tgt_pad[:, : step_in.size(1)], cache)[:, -1]  # (B*K, V)
         logits = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
         top_scores, top_beam, top_tok = _best_continuations(logits, scores, K)
+        live = ~finished.done  # a sentence done at an earlier step collects nothing more
         is_eos = top_tok.eq(EOS)
-        _collect_finished(finished, done, tokens, top_scores, top_beam, is_eos, K, t, alpha)
+        # An EOS among a sentence's K best candidates finishes that hypothesis (its tokens before this step's).
+        finished.offer(
+            top_scores[:, :K], is_eos[:, :K] & live.unsqueeze(1), tokens, top_beam[:, :K] + first_row, t, t - 1
+        )
         # The K best continuations that do not end in EOS stay alive.
         keep = (is_eos.long() * 2 * K + alive_first).argsort(dim=1)[:, :K]
         scores = top_scores.gather(1, keep)
         rows = (top_beam.gather(1, keep) + first_row).view(-1)
-        tokens = torch.cat([tokens.index_select(0, rows), top_tok.gather(1, keep).view(-1, 1)], dim=1)
+        tokens = tokens.index_select(0, rows)
+        tokens[:, t] = top_tok.gather(1, keep).view(-1)
         if cache is not None:
             cache.reorder(rows)
-        best_alive = scores[:, 0].tolist()
-        for b in range(B):
-            if done[b]:
-                continue
-            if t >= max_len[b]:  # out of length: the live hypotheses compete as they are
-                for k in range(K):
-                    finished[b].append((scores[b, k].item() / length_penalty(t, alpha), tokens[b * K + k, 1:].tolist()))
-                done[b] = True
-            elif len(finished[b]) >= K:
-                worst_kept = sorted(s for s, _ in finished[b])[-K]
-                done[b] = worst_kept >= best_alive[b] / length_penalty(max_len[b], alpha)
-        if all(done):
+        out_of_length = live & finished.max_len.le(t)
+        if t >= min(max_len):  # out of length: the live hypotheses compete as they are
+            every_beam = out_of_length.unsqueeze(1).expand(B, K)
+            finished.offer(scores, every_beam, tokens, own_rows, t, t)
+        finished.settle(live, out_of_length, scores[:, 0])
+        if t % DONE_CHECK_EVERY == 0 and bool(finished.done.all()):
             break
-    return [max(f, key=lambda item: item[0])[1] for f in finished]
+    return finished.results()
+
+
+@dataclass
+class Finished:
+    """Each sentence's finished hypotheses as beam search needs them, kept on the device (B sentences, beam K).
+
+    Not the list of them but: the best (score and tokens; of equal scores the first found, as max() over the list in
+    order of finding takes it), the K best scores (a sentence is done once the K-th beats every live hypothesis) and
+    their number. A score is log P(y) / lp(y) in float64, as the host used to compute it from each value it read.
+    """
+
+    best: Tensor  # (B,) float64: the best score so far
+    tokens: Tensor  # (B, steps + 1) long: its tokens, BOS first
+    length: Tensor  # (B,) long: how many of them follow BOS
+    top: Tensor  # (B, K) float64: the K best scores, descending; -inf where fewer were found
+    count: Tensor  # (B,) long: hypotheses finished
+    done: Tensor  # (B,) bool
+    max_len: Tensor  # (B,) long: each sentence's longest output
+    bound: Tensor  # (B,) float64: lp(max_len), the largest length penalty a live hypothesis can still get
+    alpha: float
+
+    @classmethod
+    def empty(cls, B: int, K: int, steps: int, max_len: list[int], alpha: float, device: torch.device) -> Finished:
+        return cls(
+            best=torch.full((B,), float("-inf"), dtype=torch.float64, device=device),
+            tokens=torch.full((B, steps + 1), PAD, dtype=torch.long, device=device),
+            length=torch.zeros(B, dtype=torch.long, device=device),
+            top=torch.full((B, K), float("-inf"), dtype=torch.float64, device=device),
+            count=torch.zeros(B, dtype=torch.long, device=device),
+            done=torch.zeros(B, dtype=torch.bool, device=device),
+            max_len=torch.tensor(max_len, device=device),
+            bound=torch.tensor([length_penalty(n, alpha) for n in max_len], dtype=torch.float64, device=device),
+            alpha=alpha,
+        )
+
+    def offer(self, logp: Tensor, valid: Tensor, tokens: Tensor, rows: Tensor, t: int, length: int) -> None:
+        """Finish the hypotheses where `valid` (B, M), in order of M: log P(y) `logp` (B, M), found at step t; their
+        tokens are the first `length` after BOS of rows `rows` (B, M) of `tokens`."""
+        score = logp.double() / length_penalty(t, self.alpha)
+        offered = score.masked_fill(~valid, float("-inf"))
+        best = offered.max(dim=1).values
+        first = (valid & score.eq(best.unsqueeze(1))).long().argmax(dim=1)  # argmax: the first of the largest
+        take = valid.any(dim=1) & (self.count.eq(0) | best.gt(self.best))
+        row = rows.gather(1, first.unsqueeze(1)).squeeze(1)
+        self.best = torch.where(take, best, self.best)
+        self.tokens = torch.where(take.unsqueeze(1), tokens.index_select(0, row), self.tokens)
+        self.length = self.length.masked_fill(take, length)
+        self.top = torch.cat([self.top, offered], dim=1).topk(self.top.size(1), dim=1).values
+        self.count = self.count + valid.sum(dim=1)
+
+    def settle(self, live: Tensor, out_of_length: Tensor, best_alive: Tensor) -> None:
+        """Mark done the live sentences out of length, and those whose K-th best finished score no live hypothesis
+        can beat: its log P only falls, and lp grows to lp(max_len) at most (the tensor2tensor bound)."""
+        unbeatable = self.count.ge(self.top.size(1)) & self.top[:, -1].ge(best_alive.double() / self.bound)
+        self.done = self.done | (live & (out_of_length | unbeatable))
+
+    def results(self) -> list[list[int]]:
+        """Each sentence's best hypothesis, read back (the search's last read)."""
+        return [row[1 : 1 + n] for row, n in zip(self.tokens.tolist(), self.length.tolist())]
 
 
 def _best_continuations(logits: Tensor, scores: Tensor, K: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -100,15 +173,6 @@ def _best_continuations(logits: Tensor, scores: Tensor, K: int) -> tuple[Tensor,
     best, token = logp.topk(n, dim=-1)  # (B*K, n)
     top_scores, index = (scores.view(-1, 1) + best).view(B, K * n).topk(2 * K, dim=1)
     return top_scores, torch.div(index, n, rounding_mode="floor"), token.view(B, K * n).gather(1, index)
-
-
-def _collect_finished(finished, done, tokens, top_scores, top_beam, is_eos, K: int, t: int, alpha: float) -> None:
-    """Hypotheses whose EOS ranks among the K best candidates of a live sentence are finished."""
-    for b, j in is_eos[:, :K].nonzero().tolist():
-        if done[b]:
-            continue
-        row = b * K + top_beam[b, j].item()
-        finished[b].append((top_scores[b, j].item() / length_penalty(t, alpha), tokens[row, 1:].tolist()))
 
 
 def translate(

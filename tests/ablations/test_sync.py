@@ -1,4 +1,5 @@
-"""The host never waits for the device inside a training step, and the loop waits only at logging and checkpoint steps.
+"""The host never waits for the device inside a training step, and the loop waits only at logging and checkpoint steps;
+nor inside a beam-search step.
 
 On a GPU, reading a tensor's value on the host (item(), int(), bool(), float(), tolist(), indexing with it) waits for
 every kernel queued before it. Here such reads are counted on every tensor, in Python, on the CPU: reads that torch
@@ -14,8 +15,10 @@ import pytest
 import torch
 
 from ablations.data.batching import BatchStream, make_batch
+from ablations.data.bpe import EOS, PAD
+from ablations.scoring import decoding
 from ablations.training import train as T
-from model import Transformer, TransformerConfig
+from model import Transformer, TransformerConfig, kernels
 from model.batch import Batch
 from tests.ablations.test_gpu_path import attention_as_on_a_gpu, tiny_run, varied_pairs
 from tests.helpers import needs_cuda
@@ -140,3 +143,61 @@ def test_the_loop_reads_back_only_at_logging_and_checkpoint_steps(tmp_path, monk
         T.train(Transformer(TINY), run, stream, (src[:4], tgt[:4]), torch.device("cpu"), on_step)
 
     assert steps_reading_back(monkeypatch, train, BatchStream(src, tgt, 120, seed=1)) == {4, 5, 8, 10, 12}
+
+
+def beam_search_reads(model: Transformer, src: torch.Tensor, reads: Reads) -> list[list[str]]:
+    """beam_search's reads between one decoding step's call of model.decode and the next: each step's reads (the last
+    step's, made together with the collection of the results, left out), after those before the first step."""
+    marks: list[int] = []  # the reads made before each step's decode
+    decode = model.decode
+
+    def marked(*args):
+        marks.append(len(reads))
+        return decode(*args)
+
+    model.decode = marked
+    decoding.beam_search(model, src, src.eq(PAD), beam=4, extra_len=20)
+    return [reads[: marks[0]]] + [reads[a:b] for a, b in zip(marks, marks[1:])]
+
+
+def test_a_beam_search_step_reads_nothing_back_but_whether_all_are_done_every_few_steps(
+    monkeypatch, gpu_like_attention
+):
+    monkeypatch.setattr(kernels, "reorder_rows", lambda *args: False)  # the cache's rows gathered, as on a GPU
+    torch.manual_seed(0)
+    model = Transformer(TINY).eval()
+    src = torch.randint(4, TINY.vocab_size, (3, 9))
+    src[:, -1], src[0, 5:] = EOS, torch.tensor([EOS, PAD, PAD, PAD])  # sources of unequal lengths
+    with counted_reads(monkeypatch) as reads:
+        before, *steps = beam_search_reads(model, src, reads)
+    every = decoding.DONE_CHECK_EVERY
+    assert len(steps) > every
+    assert before == ["tolist"]  # the source lengths, which size the search
+    assert steps == [["__bool__"] if t % every == 0 else [] for t in range(1, len(steps) + 1)]
+
+
+@needs_cuda
+def test_a_beam_search_on_a_gpu_synchronises_only_before_its_first_step_and_after_its_last(monkeypatch):
+    monkeypatch.setattr(decoding, "DONE_CHECK_EVERY", 10**9)  # no look at the done flags between the steps
+    cuda = torch.device("cuda")
+    torch.manual_seed(0)
+    model = Transformer(TINY).to(cuda).eval()
+    src = torch.randint(4, TINY.vocab_size, (3, 9), device=cuda)
+    src[:, -1] = EOS
+    decode, results = model.decode, decoding.Finished.results
+
+    def strict(*args):
+        torch.cuda.set_sync_debug_mode("error")
+        return decode(*args)
+
+    def relaxed(finished: decoding.Finished) -> list[list[int]]:
+        torch.cuda.set_sync_debug_mode("default")
+        return results(finished)
+
+    model.decode = strict
+    monkeypatch.setattr(decoding.Finished, "results", relaxed)
+    try:
+        hyps = decoding.beam_search(model, src, src.eq(PAD), beam=4, extra_len=20)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(hyps) == 3
