@@ -284,7 +284,9 @@ def add_rates(final: dict, state: TrainState, grid: Grid, run: R.Run, counts: di
             if final[rate]:  # about half the tokens are source, half target; tokens/s of all ranks
                 half = final[rate] / 2
                 final[mfu] = training_flops(cfg, counts, half, half) / (card.flops * grid.ranks.world)
-    if final["tokens_per_s"]:  # what this machine's fp32 GEMMs reach now, on its threads: the step's share of it
+    # What this machine's fp32 GEMMs reach now, on its threads: the step's share of it. On the CPU only: on a GPU one
+    # small GEMM times the launch, not the card, and MFU against the card's peak is the figure.
+    if final["tokens_per_s"] and grid.device.type == "cpu":
         half = final["tokens_per_s"] / 2
         final["gemm_fraction"] = throughput(cfg, counts, half, half, 1.0, gemm_flops(grid.device))["gemm_fraction"]
 

@@ -70,9 +70,13 @@ def make_optimizer(model: nn.Module, device: torch.device) -> torch.optim.Adam:
 
 
 def loss_of(model: nn.Module) -> Callable[[Tensor, Tensor], Tensor] | None:
-    """The loss `train_step` applies to the model's logits; None for the reference model, which takes the labels
-    and returns its loss without holding the whole logits at once (`Transformer.training_loss`)."""
-    return None if isinstance(model, Transformer) else model.loss
+    """The loss `train_step` applies to the model's logits; None for the reference model, which takes the labels and
+    returns its loss without holding the whole logits at once (`Transformer.forward`). A subclass with a forward of
+    its own, or another loss, gets its logits scored by its `loss`."""
+    takes_labels = (
+        isinstance(model, Transformer) and type(model).forward is Transformer.forward and model.loss_is_chunked()
+    )
+    return None if takes_labels else model.loss
 
 
 def train_step(

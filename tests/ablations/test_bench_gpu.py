@@ -9,17 +9,27 @@ import pytest
 import torch
 
 from ablations.bench.gpu import __main__ as gpu
+from ablations.bench.gpu import timing
+from ablations.bench.gpu.profiling import ROWS, profile_entry
+from ablations.bench.gpu.report import profile_tables
 from ablations.bench.gpu.timing import (
+    MEASURED,
     SYSTEMS,
     TIME_UP,
+    WARMED,
+    Clocked,
     Deadline,
     Entry,
     build_entries,
+    clocked_step,
     percentiles,
+    read_clock,
     time_steps,
     training_rows,
     warm_up,
 )
+from ablations.training.backends import SDPA_BACKENDS
+from ablations.training.clock import Laps, StepClock
 from ablations.data.batching import make_batch
 from model import TransformerConfig
 from tests.helpers import REAL_DATA, needs_data
@@ -124,3 +134,100 @@ def test_a_bad_flag_is_one_line_naming_the_problem_and_the_fix(argv, message, ca
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1
     assert not list(tmp_path.iterdir())  # nothing measured, nothing written
+
+
+def test_other_attention_backends_are_timed_only_on_request(tmp_path):
+    out = ["--device", "cpu", "--out", str(tmp_path / "report.md")]
+    assert gpu.parse(out).backends == ()
+    assert gpu.parse([*out, "--backends", "cudnn,math"]).backends == ("cudnn", "math")
+    assert gpu.parse([*out, "--backends", "all"]).backends == SDPA_BACKENDS
+
+
+def test_the_compiled_entries_the_targets_compare_compile_first():
+    assert gpu.compiled_order(tuple(SYSTEMS)) == ("reference", "hf-marian", "torch-nn")
+    assert gpu.compiled_order(("torch-nn", "reference")) == ("reference", "torch-nn")
+
+
+class FakeClock:
+    """A StepClock whose steps take 1, 2, 3... seconds, and that counts its marks."""
+
+    made: list = []
+
+    def __init__(self, device):
+        self.marks, self.laps = 0, []
+        FakeClock.made.append(self)
+
+    def start(self):
+        self.marks += 1
+
+    def lap(self, graphs=0, tokens=0):
+        self.laps.append((float(len(self.laps) + 1), graphs, tokens))
+
+    def read(self):
+        laps = Laps()
+        for seconds, graphs, tokens in self.laps:
+            (laps.compiling if graphs else laps.steps).append(seconds)
+            laps.steady_tokens += 0 if graphs else tokens
+        self.laps = []
+        return laps
+
+
+def test_timed_steps_are_clocked_as_the_runner_clocks_its_own_with_no_wait_between_steps(monkeypatch):
+    FakeClock.made = []
+    monkeypatch.setattr(timing, "StepClock", FakeClock)
+    entries = [entry("default", lambda b: None), entry("math", lambda b: None)]
+    for e in entries:
+        e.status = WARMED
+
+    def no_wait(device):
+        raise AssertionError("a timed step waited for the device")
+
+    monkeypatch.setattr(timing, "synced", no_wait)
+    assert time_steps(entries, BATCHES, torch.device("cpu"), Deadline(None)) == 3
+    assert [c.marks for c in FakeClock.made] == [3, 3]  # one clock per entry, every step marked on it
+    for e in entries:
+        assert e.status == MEASURED and e.times == [1.0, 2.0, 3.0]  # the clock's times, read once the steps are done
+        assert e.tgt_tokens == 3 * BATCHES[0].tgt_tokens
+
+
+def test_a_step_the_alarm_cut_before_its_lap_is_dropped_and_the_steps_before_it_stand():
+    clocked = Clocked(StepClock(torch.device("cpu")))
+    e = entry("default", lambda b: None)
+    for batch in BATCHES[:2]:
+        clocked_step(e, batch, torch.device("cpu"), clocked)
+    clocked.steps.append((0, 3, 3))  # a third step recorded, its lap never marked: the alarm rang in between
+    read_clock(e, clocked)
+    assert len(e.times) == 2 and e.tgt_tokens == 2 * BATCHES[0].tgt_tokens and not clocked.steps
+
+
+def profiled(mode: str) -> dict:
+    entries, _, _ = build_entries(CFG, ("reference",), (mode,), "default", (), torch.device("cpu"), None, "eager")
+    warm_up(entries, BATCHES[:1], torch.device("cpu"), Deadline(None))
+    time_steps(entries, BATCHES[1:], torch.device("cpu"), Deadline(None))
+    return profile_entry(entries[0], "tiny", BATCHES[0], torch.device("cpu"), Deadline(None))
+
+
+@pytest.mark.filterwarnings("ignore:Dynamo does not know how to trace")  # the CPU's attention kernel: a graph break
+@pytest.mark.parametrize("mode", ["eager", pytest.param("compiled", marks=pytest.mark.slow)])  # tracing: 20 s
+def test_a_profiled_step_ranks_its_top_operators_by_self_cpu_time_on_the_cpu(mode):
+    record = profiled(mode)
+    assert record["status"] == "measured" and record["ranked"] == "operators by self CPU time"
+    rows = record["rows"]
+    assert 0 < len(rows) <= ROWS and all(r["calls"] >= 1 for r in rows)
+    assert [r["self_ms"] for r in rows] == sorted((r["self_ms"] for r in rows), reverse=True)
+    assert 0 < sum(r["share"] for r in rows) <= 1 + 1e-9
+    assert sum(r["self_ms"] for r in rows) <= record["total_ms"] + 1e-9
+    table = profile_tables([record])
+    assert (
+        table[0].startswith(f"One tiny, reference, {mode}, default step (")
+        and table[2] == "| name | self ms | share | calls |"
+    )
+    assert len(table) == 4 + len(rows) + 1
+
+
+def test_an_entry_without_timed_steps_is_not_profiled_and_says_why():
+    e = entry("default", lambda b: None)
+    e.status = TIME_UP
+    record = profile_entry(e, "tiny", BATCHES[0], torch.device("cpu"), Deadline(None))
+    assert record["status"] == f"not profiled: {TIME_UP}" and "rows" not in record
+    assert profile_tables([record]) == [f"One tiny, reference, eager, default step: not profiled: {TIME_UP}.", ""]

@@ -124,17 +124,22 @@ def test_the_report_is_rewritten_after_every_stage_and_eager_rows_and_beam_searc
         ("partial", "after the warm-up of reference, eager, default (tiny)"),
         ("partial", "after the warm-up of torch-nn, eager, default (tiny)"),
         ("partial", "after the eager timed steps (tiny)"),
+        ("partial", "after profiling the reference's eager step (tiny)"),
         ("partial", "after the beam searches (tiny)"),
         ("partial", "after the building of the compiled entries (tiny)"),
         ("partial", "after the reference compiled skipped (tiny)"),
         ("partial", "after the torch-nn compiled skipped (tiny)"),
+        ("partial", "after profiling the reference's compiled step (tiny)"),
         ("complete", ""),
     ]
-    before_compiles = stages[5][2]
+    before_compiles = stages[6][2]
     assert [r["status"] for r in before_compiles["training"]] == [MEASURED, MEASURED]
     assert before_compiles["decoding"][0]["status"] == MEASURED
     compiled = [r for r in report(tmp_path)["training"] if r["mode"] == "compiled"]
     assert [r["status"][:38] for r in compiled] == ["not measured: no room for its compile "] * 2
+    eager, compiled = report(tmp_path)["profiles"]
+    assert eager["status"] == MEASURED and eager["rows"] and before_compiles["profiles"] == [eager]
+    assert compiled["status"].startswith("not profiled: not measured: no room for its compile")
 
 
 def test_a_compile_the_time_left_cannot_hold_is_skipped_not_started():

@@ -15,8 +15,9 @@ import pytest
 from ablations.bench.check import __main__ as gpu_check
 from ablations.bench.check import prepare
 from ablations.bench.check.__main__ import LIMITS, CheckOptions, check, plan
-from ablations.bench.check.parts import GRACE_S, Part, Stage
-from ablations.bench.check.report import runner_lines
+from ablations.bench.check.parts import GRACE_S, Outcome, Part, Stage
+from ablations.bench.check import report as check_report
+from ablations.bench.check.report import recompile_lines, records, runner_lines
 from ablations.bench.report import shown_args
 from ablations.runs import folder as R
 from plumbing.stopping import graceful_stops
@@ -214,6 +215,8 @@ def test_the_quick_check_runs_every_part_on_the_cpu_and_each_passes(tmp_path):
         assert f"## {name}: passed" in text
         assert (out / "logs" / f"{name}.log").is_file()
     assert "| tiny | hf-marian | eager | default |" in text and "status finished, 8 steps" in text
+    assert "- One tiny, reference, eager, default step" in text  # its profile, or why none (a loaded machine)
+    assert "- recompiles (TORCH_LOGS=recompiles)" in text and "gemm_fraction (model FLOP/s over" in text
     assert (out / "bench-gpu.json").is_file()
     torchrun = next(p for p in json.loads((out / "gpu-check.json").read_text())["parts"] if p["name"] == "torchrun")
     assert torchrun["records"][R.FINAL]["status"] == "finished" and torchrun["records"][R.METRICS]
@@ -252,3 +255,89 @@ def test_the_cuda_only_stage_names_every_file_that_holds_a_cuda_test():
         if re.search(r"^\s*@(needs_cuda|pytest\.mark\.cuda)\b|^pytestmark.*mark\.cuda", path.read_text(), re.M)
     }
     assert marked == set(gpu_check.CUDA_TESTS)
+
+
+def stages_cut_at(limit: int, best_effort: bool) -> Part:
+    """A part whose first stage passes and whose second runs past the limit."""
+    return Part(
+        "tests",
+        "two stages",
+        (
+            Stage("cuda-only", (PY, "-c", "pass")),
+            Stage("the rest", (PY, "-c", "import time; time.sleep(120)"), best_effort=best_effort),
+        ),
+        limit,
+    )
+
+
+@pytest.mark.slow
+def test_a_best_effort_stage_cut_at_the_limit_after_the_others_passed_leaves_the_part_passed_with_a_note(tmp_path):
+    o = options(tmp_path)
+    limit = GRACE_S + 4
+    (passed,) = check(o, [stages_cut_at(limit, best_effort=True)], meta(o))
+    assert passed.result == f"passed (the rest, best effort, cut at the limit of {limit} s)"
+    assert passed.stages == ("cuda-only: passed", "the rest: stopped at the part's limit (best effort)")
+    (required,) = check(o, [stages_cut_at(limit, best_effort=False)], meta(o))
+    assert required.result == f"timed out at its limit of {limit} s"
+
+
+def test_the_tests_parts_later_stages_are_best_effort_and_its_first_is_not(tmp_path):
+    o = dataclasses.replace(options(tmp_path, quick=False), data=prepare.CheckData(REAL_DATA, None, {}))
+    tests = next(p for p in plan(o) if p.name == "tests")
+    assert [s.best_effort for s in tests.stages] == [False, True, True]
+
+
+def test_a_best_effort_stage_that_had_a_test_fail_before_its_cut_fails_the_part(tmp_path):
+    cut = Outcome("passed (the rest, best effort, cut at the limit of 80 s)", 80.0, "2026", ())
+    lines = ["cuda-only: 4 passed in 40s", "the rest: 1 failed, 30 passed", "FAILED tests/test_x.py::test_y"]
+    failed = "failed (a test failed before the limit cut a best-effort stage)"
+    assert gpu_check.judged(cut, lines).result == failed
+    assert gpu_check.judged(cut, lines[:1]).result == cut.result
+    assert gpu_check.judged(Outcome("passed", 1.0, "2026", ()), lines).result == "passed"  # a stage that ended
+    log = tmp_path / "tests.log"  # cut before pytest's summary: its progress marks say what failed
+    log.write_text(
+        "==== cuda-only: pytest\n....  [100%]\n4 passed in 9s\n==== the rest: pytest\nbringing up nodes...\n"
+        "sentencepiece trained\n....F...........   [ 9%]\n..F.9"  # no mark in a word; the last line cut mid-write
+    )
+    marks = check_report.tests_lines(log)  # imported by name, pytest would collect it as a test
+    assert marks == [
+        "cuda-only: 4 passed in 9s",
+        "the rest: cut short, 2 failed or erred by pytest's progress marks (20 run)",
+    ]
+    assert gpu_check.judged(cut, marks).result == failed
+    log.write_text("==== cuda-only: pytest\n....  [100%]\n4 passed in 9s\n==== the rest: pytest\n...\n")
+    (_, clean) = check_report.tests_lines(log)
+    assert clean == "the rest: cut short after 3 tests, none failed by pytest's progress marks"
+    assert gpu_check.judged(cut, [clean]).result == cut.result
+
+
+def test_the_runner_part_logs_torchs_recompiles_and_the_report_keeps_them(tmp_path):
+    runner = next(p for p in plan(options(tmp_path, quick=False)) if p.name == "runner")
+    assert runner.env["TORCH_LOGS"] == "recompiles"
+    log = tmp_path / "runner.log"
+    prefix = "V1127 11:47:20.445000 573 torch/_dynamo/guards.py:4760] [0/1] [__recompiles]"
+    log.write_text(
+        "base s1:   2%|▏         | 2/120 [01:23<1:07:55, 34.54s/step]\x1b[A"  # a progress bar, then torch's lines
+        f"{prefix} Recompiling function forward in model/transformer.py:127\n"
+        f"{prefix}     triggered by the following guard failure(s):\n"
+        f"{prefix}     - 0/0: 512*src.size()[0]*tgt.size()[1] >= 5242880  # (_inductor/scheduler.py:326 in can_fuse)\n"
+    )
+    lines = recompile_lines(log)
+    assert lines[0] == "recompiles (TORCH_LOGS=recompiles), 3 lines:"
+    assert lines[1] == "`[0/1] [__recompiles] Recompiling function forward in model/transformer.py:127`"
+    assert lines[3].startswith("`[0/1] [__recompiles]     - 0/0: 512*src.size()[0]*tgt.size()[1] >= 5242880")
+    log.write_text("step 25\n")
+    assert recompile_lines(log) == ["recompiles (TORCH_LOGS=recompiles): none logged"]
+
+
+def test_the_gemm_fraction_is_reported_on_the_cpu_and_left_out_on_a_gpu_where_mfu_is_the_figure(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    R.write_final(run, {"status": "finished", "device": "cpu (2 threads)", "gemm_fraction": 0.31, "mfu": None})
+    assert "gemm_fraction (model FLOP/s over this CPU's measured fp32 GEMM rate): 31%" in runner_lines(run)
+    assert records(run)[R.FINAL]["gemm_fraction"] == 0.31
+    R.write_final(run, {"status": "finished", "device": "NVIDIA H200", "gemm_fraction": 0.002, "mfu": 0.09})
+    lines = runner_lines(run)
+    assert "MFU 9.0%" in lines[0] and not any("GEMM rate" in line for line in lines)
+    assert any(line.startswith("gemm_fraction left out on a GPU") for line in lines)
+    assert "gemm_fraction" not in records(run)[R.FINAL]

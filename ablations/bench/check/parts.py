@@ -2,10 +2,11 @@
 started stopped at the limit, its children included, and the check told what happened.
 
 A part's stages run in turn while its time lasts (the tests part: the CUDA-only tests, then the device-sensitive ones,
-then the rest); a stage that would start with less than `min_s` left is skipped and said so. A process still running
-GRACE_S before the limit gets the part's stop signal, SIGKILL at the limit. Processes that left the part's process
-group (`start_new_session`) are found through /proc and stopped too: the check makes itself their subreaper, so that
-even orphans stay its descendants (Linux; elsewhere the process group alone is stopped).
+then the rest); a stage that would start with less than `min_s` left is skipped and said so, and a best-effort stage
+cut at the limit fails nothing (the part passes, saying so). A process still running GRACE_S before the limit gets
+the part's stop signal, SIGKILL KILL_S before the limit. Processes that left the part's process group
+(`start_new_session`) are found through /proc and stopped too: the check makes itself their subreaper, so that even
+orphans stay its descendants (Linux; elsewhere the process group alone is stopped).
 """
 
 from __future__ import annotations
@@ -21,17 +22,20 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-GRACE_S = 5  # a stage that runs on is sent its stop signal this long before the part's limit, SIGKILL at it
+GRACE_S = 5  # a stage that runs on is sent its stop signal this long before the part's limit, SIGKILL after it
+KILL_S = 2  # SIGKILL comes this long before the limit: killing a large process and reaping its strays take time too
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 
 
 @dataclass(frozen=True)
 class Stage:
-    """One command of a part; `min_s`: it does not start with fewer seconds than this left of the part's limit."""
+    """One command of a part; `min_s`: it does not start with fewer seconds than this left of the part's limit;
+    `best_effort`: cut at the limit, it does not fail the part (the tests part's later stages: what time allows)."""
 
     name: str
     command: tuple[str, ...]
     min_s: float = 0.0
+    best_effort: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class Part:
     stages: tuple[Stage, ...]
     limit_s: int
     skip: str = ""  # why it does not run ('': it runs)
-    stop_with: signal.Signals = signal.SIGTERM  # sent GRACE_S before the limit; SIGKILL follows at it
+    stop_with: signal.Signals = signal.SIGTERM  # sent GRACE_S before the limit; SIGKILL follows, KILL_S before it
     env: dict[str, str] = field(default_factory=dict)  # added to the check's environment
 
 
@@ -105,15 +109,16 @@ def reap(pids: list[int], wait_s: float = 1.0) -> None:
 
 
 def stop(process: subprocess.Popen, first: signal.Signals, others: set[int]) -> None:
-    """End the stage's process and everything it started: `first` to its group, SIGKILL after GRACE_S to whatever of
-    it is still alive: its group, and the processes below this one that were not here before it (`others` were)."""
+    """End the stage's process and everything it started: `first` to its group, SIGKILL GRACE_S - KILL_S later to
+    whatever of it is still alive: its group, and the processes below this one that were not here before it (`others`
+    were)."""
     strays = set(descendants(process.pid))
     try:
         os.killpg(process.pid, first)
     except ProcessLookupError:
         pass
     try:
-        process.wait(timeout=GRACE_S)
+        process.wait(timeout=GRACE_S - KILL_S)
     except subprocess.TimeoutExpired:
         pass
     try:
@@ -136,7 +141,7 @@ def run_part(part: Part, log: Path, cwd: Path) -> Outcome:
     started_at, started = utc_now(), time.perf_counter()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **part.env}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), os.environ.get("PYTHONPATH")]))
-    results, timed_out = [], False
+    results, timed_out, cut = [], False, []  # cut: the best-effort stage stopped at the limit
     with log.open("w") as out:
         for stage in part.stages:
             left = part.limit_s - (time.perf_counter() - started)
@@ -156,21 +161,27 @@ def run_part(part: Part, log: Path, cwd: Path) -> Outcome:
                 results.append(f"{stage.name}: {'passed' if code == 0 else f'failed (exit {code})'}")
             except subprocess.TimeoutExpired:
                 timed_out = True
-                results.append(f"{stage.name}: stopped at the part's limit")
+                results.append(f"{stage.name}: stopped at the part's limit" + (" (best effort)" * stage.best_effort))
+                cut += [stage.name] if stage.best_effort else []
             finally:
                 if process.poll() is None or set(descendants(os.getpid())) - others:  # running, or left strays
                     stop(process, part.stop_with, others)
+    seconds = time.perf_counter() - started
+    return Outcome(verdict(part, results, timed_out and not cut, cut), seconds, started_at, tuple(results))
+
+
+def verdict(part: Part, results: list[str], timed_out: bool, cut: list[str]) -> str:
+    """The part's result from its stages': a failure fails it; a required stage cut at the limit times it out; a
+    best-effort stage cut there, after the others passed, leaves it passed, with a note."""
     if timed_out:
-        result = f"timed out at its limit of {part.limit_s} s"
-    elif any(": failed" in r for r in results):
+        return f"timed out at its limit of {part.limit_s} s"
+    if any(": failed" in r for r in results):
         failures = [r.replace("failed (", "").rstrip(")") for r in results if ": failed" in r]
-        result = (
-            f"failed ({'; '.join(failures)})"
-            if len(part.stages) > 1
-            else failures[0].replace(f"{part.stages[0].name}: ", "failed (") + ")"
-        )
-    elif any(": not started" in r for r in results):
-        result = "passed (not every stage started)"
-    else:
-        result = "passed"
-    return Outcome(result, time.perf_counter() - started, started_at, tuple(results))
+        if len(part.stages) > 1:
+            return f"failed ({'; '.join(failures)})"
+        return failures[0].replace(f"{part.stages[0].name}: ", "failed (") + ")"
+    if cut:
+        return f"passed ({cut[0]}, best effort, cut at the limit of {part.limit_s} s)"
+    if any(": not started" in r for r in results):
+        return "passed (not every stage started)"
+    return "passed"

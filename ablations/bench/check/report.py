@@ -14,12 +14,16 @@ from pathlib import Path
 
 from ablations.bench.check.parts import Outcome, Part
 from ablations.bench.check.targets import HEADER, bench_targets, row, runner_targets
-from ablations.bench.gpu.report import decoding_table, training_table
+from ablations.bench.gpu.report import decoding_table, profile_tables, training_table
 from ablations.runs import folder as R
 from ablations.training.clock import percentiles
 from plumbing.files import write_atomic
 
 BENCH = "bench-gpu"  # the bench part's report in the out folder: bench-gpu.md and bench-gpu.json
+BROKEN_SO_FAR = "failed or erred by pytest's progress marks"  # a stage cut before its summary
+PROGRESS = r"^([.FEsxX]+)(?=\s*\[|\s*$|\d)"  # pytest -q's progress: a mark per test, then [ NN%] (cut: anywhere)
+GEMM = "gemm_fraction"  # final.json's share of the machine's fp32 GEMM rate: a CPU's figure, not a GPU's
+RECOMPILES = re.compile(r"\[[\d/]+\] \[__recompiles\].*")  # TORCH_LOGS=recompiles: "[0/1] [__recompiles] ..."
 WORK, OUT = "WORK", "OUT"  # how the report names the check's temporary folder and its --out folder
 
 
@@ -37,11 +41,20 @@ def fresh_json(path: Path, since: float) -> dict | None:
         return None
 
 
+def on_cpu(final: dict) -> bool:
+    """Whether the run trained on the CPU, by the device final.json names ('cpu (N threads)')."""
+    return str(final.get("device", "")).startswith("cpu")
+
+
 def records(folder: Path) -> dict:
-    """A run's records as gpu-check.json carries them: config and final as read, metrics as a list of its lines."""
+    """A run's records as gpu-check.json carries them: config and final as read (on a GPU, final without its
+    gemm_fraction: see runner_lines), metrics as a list of its lines."""
     if not folder.is_dir():
         return {}
-    return {R.CONFIG: R.read_json(folder / R.CONFIG), R.METRICS: R.read_metrics(folder), R.FINAL: R.read_final(folder)}
+    final = R.read_final(folder)
+    if final and not on_cpu(final):
+        final = {k: v for k, v in final.items() if k != GEMM}
+    return {R.CONFIG: R.read_json(folder / R.CONFIG), R.METRICS: R.read_metrics(folder), R.FINAL: final}
 
 
 def runner_lines(folder: Path | None) -> list[str]:
@@ -60,6 +73,13 @@ def runner_lines(folder: Path | None) -> list[str]:
         f"{recorded('compiles')}, compiling {recorded('compile_s', '{:.1f} s')}; dev PPL {recorded('dev_ppl', '{:.1f}')}, "
         f"BLEU {recorded('bleu', '{:.2f}')}, scoring {recorded('eval_s', '{:.0f} s')}"
     ]
+    if on_cpu(final):
+        lines.append(f"{GEMM} (model FLOP/s over this CPU's measured fp32 GEMM rate): {recorded(GEMM, '{:.0%}')}")
+    elif final.get(GEMM) is not None:
+        lines.append(
+            f"{GEMM} left out on a GPU: it times one small fp32 matrix product (the launch, not the card); the figure "
+            "is MFU against the card's bf16 peak"
+        )
     if "ddp" in final:
         lines.append(
             f"data-parallel: {'DDP over ' + str(final.get('dist_backend')) if final['ddp'] else 'no (one plain process)'}"
@@ -90,6 +110,20 @@ def runner_lines(folder: Path | None) -> list[str]:
     return lines
 
 
+def recompile_lines(log: Path, shown: int = 30) -> list[str]:
+    """What TORCH_LOGS=recompiles wrote into the part's log: each recompile, the guard that failed and where."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    found = RECOMPILES.findall(text.replace("\r", "\n"))
+    if not found:
+        return ["recompiles (TORCH_LOGS=recompiles): none logged"]
+    more = [f"and {len(found) - shown} more lines in logs/{log.name}"] if len(found) > shown else []
+    return [
+        f"recompiles (TORCH_LOGS=recompiles), {len(found)} lines:",
+        *(f"`{x.strip()}`" for x in found[:shown]),
+        *more,
+    ]
+
+
 def bench_lines(report: Path, since: float) -> list[str]:
     bench = fresh_json(report, since)
     if bench is None:
@@ -100,6 +134,8 @@ def bench_lines(report: Path, since: float) -> list[str]:
         *training_table(bench.get("training", []), bench.get("backend", "")),
         "",
         *decoding_table(bench.get("decoding", [])),
+        "",
+        *profile_tables(bench.get("profiles", [])),
         *bench.get("notes", []),
     ]
 
@@ -110,13 +146,21 @@ def tests_lines(log: Path, shown: int = 30) -> list[str]:
     lines = []
     for stage in re.split(r"^==== ", text, flags=re.M)[1:]:
         name = stage.split(":", 1)[0]
-        closing = [line for line in stage.splitlines() if re.search(r"\d+ (passed|failed|error|deselected)", line)]
+        closing = [
+            line for line in stage.splitlines() if re.search(r"\d+ (passed|failed|error|deselected|skipped)", line)
+        ]
         progress = re.findall(r"\[\s*(\d+)%\]", stage)
+        marks = "".join(re.findall(PROGRESS, stage, flags=re.M))
+        broken_so_far = marks.count("F") + marks.count("E")
         lines.append(
             f"{name}: "
             + (
                 closing[-1].strip("= ")
                 if closing
+                else f"cut short, {broken_so_far} {BROKEN_SO_FAR} ({len(marks)} run)"
+                if broken_so_far
+                else f"cut short after {len(marks)} tests, none failed by pytest's progress marks"
+                if marks
                 else f"progress {progress[-1]}% of the collected tests"
                 if progress
                 else "no test result"

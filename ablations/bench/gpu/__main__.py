@@ -1,14 +1,17 @@
 """`python -m ablations.bench.gpu --device cuda` (nox -s bench_gpu): the training step of the reference, the
 torch.nn.Transformer adapter and HF MarianMT on one GPU, eager and compiled, bf16 autocast and fused Adam, at the
-base and big sizes of the short budget; attention backends against each other; beam search beside HF generate.
+base and big sizes of the short budget; beam search beside HF generate; on request (--backends), the other attention
+backends, eager.
 
 Every system trains on the same real training batches of the short budget (its data and BPE, lengths as they come,
 padded to multiples of 8 as the runner pads them), repetitions interleaved across systems. Step times are reported
-as p50/p99/max with warm-up and compiling apart, and MFU against the card's bf16 dense peak. `--device cpu --sizes
-tiny` runs the same code in seconds (fp32, no MFU: there is no bf16 peak to hold a CPU to). Writes
-reports/bench-gpu.md and reports/bench-gpu.json, from the start and at every stage (ablations/bench/gpu/report.py's
-Progress); docs/benchmark.md ("On a GPU") says what is measured. `--prepared DIR` loads the data that
-ablations/grid/prepared.py saved there (the GPU check's --prepare), so that no BPE is trained on the GPU's clock.
+as p50/p99/max with warm-up and compiling apart, clocked as the runner clocks its steps (CUDA events, no wait between
+steps), and MFU against the card's bf16 dense peak; one more step of the reference, eager and compiled, is profiled
+(its top kernels). `--device cpu --sizes tiny` runs the same code in seconds (fp32, no MFU: there is no bf16 peak to
+hold a CPU to). Writes reports/bench-gpu.md and reports/bench-gpu.json, from the start and at every stage
+(ablations/bench/gpu/report.py's Progress); docs/benchmark.md ("On a GPU") says what is measured. `--prepared DIR`
+loads the data that ablations/grid/prepared.py saved there (the GPU check's --prepare), so that no BPE is trained on
+the GPU's clock.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Callable
 import torch
 
 from ablations.bench.gpu.decoding import build_searches, time_decoding
+from ablations.bench.gpu.profiling import profile_entry
 from ablations.bench.gpu.report import Progress
 from ablations.bench.gpu.timing import (
     MODES,
@@ -48,6 +52,7 @@ from ablations.runs.options import FORESEEN, failed
 from ablations.training.backends import SDPA_BACKENDS
 from ablations.training.peaks import peak_flops
 from model import TransformerConfig
+from model.batch import Batch
 from plumbing.cli import OneLineParser, check_counts, resolve_device
 from plumbing.files import StorageError
 from plumbing.stopping import Stopped, stops_cleanly
@@ -108,7 +113,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"default {','.join(SYSTEMS)}")
     p.add_argument("--modes", help="eager, compiled (default both on a GPU, eager on the CPU)")
     p.add_argument("--backend", help="attention backend of every mode (default efficient on a GPU, as the runner)")
-    p.add_argument("--backends", help="backends compared with it, eager (default all on a GPU, none on the CPU)")
+    p.add_argument("--backends", help="backends compared with it, eager: a comma list, or all (default none)")
     p.add_argument("--precision", choices=("bf16", "fp32"), help="default bf16 on a GPU, fp32 on the CPU")
     p.add_argument("--steps", type=int, default=20, help="timed steps per entry (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed first steps per entry (default 3)")
@@ -149,14 +154,14 @@ def parse(argv: list[str]) -> BenchOptions:
     backend = choose("--backend", a.backend or ("efficient" if gpu else "default"), SDPA_BACKENDS)
     if len(backend) != 1:
         raise ValueError(f"--backend {a.backend!r}: give one of {', '.join(SDPA_BACKENDS)}")
-    all_backends = ",".join(SDPA_BACKENDS) if gpu else ""
+    backends = ",".join(SDPA_BACKENDS) if a.backends == "all" else a.backends or ""  # others only on request
     return BenchOptions(
         device=device,
         sizes=choose("--sizes", a.sizes or ("base,big" if gpu else "tiny"), tuple(SIZES)),
         systems=choose("--systems", a.systems, tuple(SYSTEMS)),
         modes=choose("--modes", a.modes or ("eager,compiled" if gpu else "eager"), MODES),
         backend=backend[0],
-        backends=choose("--backends", all_backends if a.backends is None else a.backends, SDPA_BACKENDS, empty=True),
+        backends=choose("--backends", backends, SDPA_BACKENDS, empty=True),
         precision=a.precision or ("bf16" if gpu else "fp32"),
         steps=a.steps,
         warmup=a.warmup,
@@ -256,6 +261,7 @@ def measure_eager(size: str, data: PreparedData, o: BenchOptions, deadline: Dead
     warm_up(entries, batches[: o.warmup], o.device, deadline, o.backend, report)
     about["timed_reps"] = time_steps(entries, batches[o.warmup :], o.device, deadline)
     report("eager timed steps")
+    profile(size, entries, batches[-1], o, deadline, progress)
     eager_s = {e.system: sum(e.times) for e in entries if e.backend == o.backend}
     built = set(models)
     del entries, models, report
@@ -267,15 +273,35 @@ def measure_eager(size: str, data: PreparedData, o: BenchOptions, deadline: Dead
     return eager_s
 
 
+def profile(
+    size: str, entries: list[Entry], batch: Batch, o: BenchOptions, deadline: Deadline, progress: Progress
+) -> None:
+    """One more step of the reference's entry under --backend, profiled (ablations/bench/gpu/profiling.py), into the
+    report: where that step's time goes."""
+    ours = next((e for e in entries if e.system == "reference" and e.backend == o.backend), None)
+    if ours is not None:
+        progress.profiles.append(profile_entry(ours, size, batch, o.device, deadline))
+        progress.write("partial", f"after profiling the reference's {ours.mode} step ({size})")
+
+
+def compiled_order(systems: tuple[str, ...]) -> tuple[str, ...]:
+    """The systems in the order they compile: the reference and HF Marian first, whose compiled steps the targets
+    compare, since the time left may hold only two compiles."""
+    first = tuple(s for s in ("reference", "hf-marian") if s in systems)
+    return (*first, *(s for s in systems if s not in first))
+
+
 def measure_compiled_size(
     size: str, data: PreparedData, o: BenchOptions, deadline: Deadline, progress: Progress, eager_s: dict
 ) -> None:
     """The size's compiled entries, on fresh models of the same seed, one after another (measure_compiled)."""
     cfg, batches, _ = size_setup(size, data, o)
-    entries, _, _ = build_entries(cfg, o.systems, ("compiled",), o.backend, (), o.device, o.autocast, o.compile_backend)
+    systems = compiled_order(o.systems)
+    entries, _, _ = build_entries(cfg, systems, ("compiled",), o.backend, (), o.device, o.autocast, o.compile_backend)
     report = reporter(size, entries, o, progress)
     report("building of the compiled entries")
     measure_compiled(entries, batches, o.warmup, o.device, deadline, o.compile_estimate, eager_s, report)
+    profile(size, entries, batches[-1], o, deadline, progress)
     del entries, report
     freed(o.device)
     torch._dynamo.reset()  # the next size's models compile afresh, not against this size's cache limit

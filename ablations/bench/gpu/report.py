@@ -71,6 +71,29 @@ def decoding_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def profile_tables(profiles: list[dict]) -> list[str]:
+    """Each profiled step's top rows as a markdown table, headed by what it is; one without a table says why."""
+    lines = []
+    for p in profiles:
+        what = f"{p['size']}, {p['system']}, {p['mode']}, {p['backend']}"
+        if p["status"] != "measured":
+            lines += [f"One {what} step: {p['status']}.", ""]
+            continue
+        lines += [
+            f"One {what} step ({p['profiled_s'] * 1e3:,.1f} ms under the profiler): its top {len(p['rows'])} "
+            f"{p['ranked']}, of {p['total_ms']:,.1f} ms in all.",
+            "",
+            "| name | self ms | share | calls |",
+            "|---|---|---|---|",
+            *(
+                f"| {r['name'][:100].replace('|', '/')} | {r['self_ms']:,.2f} | {r['share']:.1%} | {r['calls']} |"
+                for r in p["rows"]
+            ),
+            "",
+        ]
+    return lines
+
+
 def batches_line(about: dict) -> str:
     return (
         f"{about['size']}: real {about['preset']} training batches (its budget's data and {about['vocab']}-token BPE) "
@@ -97,6 +120,7 @@ def data_line(report: dict) -> str:
 def markdown(report: dict) -> str:
     """The report (the run's settings and what they measured, as Progress.write gathers them) as markdown."""
     meta, training, decoding, notes = report, report["training"], report["decoding"], report["notes"]
+    others = [b for b in meta["backends"] if b != meta["backend"]]
     command = f"python -m ablations.bench.gpu {meta['args']}".strip()
     limit = ""
     if meta["time_limit"]:
@@ -116,22 +140,31 @@ def markdown(report: dict) -> str:
         f"Training: {'bf16 autocast (the loss in fp32)' if meta['precision'] == 'bf16' else 'fp32'}, fused Adam at a "
         f"fixed learning rate of 1e-4; compiled = torch.compile (backend {meta['compile_backend']}, dynamic=True: one "
         "compile serves every batch shape, source and target lengths apart symbols) of the model's forward. Attention "
-        f"backend of every mode: {meta['backend']} (the runner's choice on a GPU is efficient); the other backends ran "
-        "eager. " + mfu_note(meta),
+        f"backend of every mode: {meta['backend']} (the runner's choice on a GPU is efficient); "
+        + (f"also timed eager: {', '.join(others)} (`--backends`). " if others else "")
+        + mfu_note(meta),
         "",
         *(f"- {batches_line(about)}" for about in meta["batches"]),
         "",
         f"Every entry first takes {meta['warmup']} untimed warm-up steps (column 'warm-up s': torch.compile's compiling "
         f"is there), then up to {meta['steps']} timed steps. Eager entries come first, interleaved on the same batch "
         "in each repetition (the order reversed every other one), then beam search, then each compiled entry in turn, "
-        "its compile and its timed steps, so that no compile runs beside a timed eager step. torch.cuda.synchronize() "
-        "before and after each step on CUDA. A timed step in which torch compiled a graph is counted apart, not in the "
-        f"percentiles. p99 is the nearest rank: of fewer than 100 steps it is the largest.{limit}",
+        "its compile and its timed steps, so that no compile runs beside a timed eager step. Timed steps are clocked "
+        "as the runner clocks its own (ablations/training/clock.py): on CUDA, events at each step's start and end, "
+        "read after the timed steps, with no wait for the GPU between steps. A timed step in which torch compiled a "
+        "graph is counted apart, not in the percentiles. p99 is the nearest rank: of fewer than 100 steps it is the "
+        f"largest.{limit}",
         "",
         "## Training step",
         "",
         *training_table(training, meta["backend"]),
         "",
+        "## Where a step's time goes (torch.profiler)",
+        "",
+        "One more step of the reference after its timed steps, eager and compiled: on a GPU its kernels ranked by self "
+        "device time (not the operators that launch them), on the CPU its operators by self CPU time.",
+        "",
+        *(profile_tables(report["profiles"]) or ["No step profiled yet.", ""]),
         "## Beam search (beam 4, batched)",
         "",
         f"{meta['decode']['sentences']} dev sources cut to {meta['decode']['length']} tokens; the reference searches up "
@@ -158,6 +191,7 @@ class Progress:
     meta: dict  # the run's settings; its sizes and systems order the rows
     training: dict[tuple, dict] = field(default_factory=dict)  # by size, system, mode, attention backend
     decoding: list[dict] = field(default_factory=list)
+    profiles: list[dict] = field(default_factory=list)  # ablations/bench/gpu/profiling.py's records
     notes: list[str] = field(default_factory=list)
 
     def add_training(self, rows: list[dict]) -> None:
@@ -169,7 +203,7 @@ class Progress:
         rows = sorted(self.training.values(), key=lambda r: (sizes.index(r["size"]), systems.index(r["system"])))
         written = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         report = {**self.meta, "status": status, "stage": stage, "written": written, "training": rows}
-        report |= {"decoding": self.decoding, "notes": self.notes}
+        report |= {"decoding": self.decoding, "profiles": self.profiles, "notes": self.notes}
         try:
             self.out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

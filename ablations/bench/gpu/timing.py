@@ -5,9 +5,12 @@ Eager entries come first: each one's warm-up, then their timed steps, interleave
 entries come after, one at a time, so that a compile (and inductor's worker processes) never runs beside a timed eager
 step: each compiles once (dynamic shapes from the first step) in its warm-up, then takes its timed steps; it starts
 only when the time left holds a compile. A timed step in which torch compiled a graph is kept apart, so that step
-times are steps, not compiling. On CUDA every timed region starts and ends with torch.cuda.synchronize(). A step that
-raises under a restricted attention backend marks that entry unsupported, and the others go on. All of it runs under
-the time limit's alarm, which ends the work where it is (a compile, a step) and keeps what was measured.
+times are steps, not compiling. Timed steps are clocked as the runner clocks its steps (ablations/training/clock.py):
+CUDA events at each step's start and end, read once the timed steps are done, with no wait for the GPU between steps,
+so that the bench's step times and the runner's are the same measure; warm-up steps are timed on the host after
+torch.cuda.synchronize(). A step that raises under a restricted attention backend marks that entry unsupported, and the
+others go on. All of it runs under the time limit's alarm, which ends the work where it is (a compile, a step) and
+keeps what was measured.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ from ablations.bench import peers
 from ablations.bench.variants import VARIANTS
 from ablations.bench.workload import alternate
 from ablations.training.backends import sdpa_backend
-from ablations.training.clock import percentiles
+from ablations.training.clock import StepClock, percentiles
 from ablations.training.compiling import compile_model, compiles
-from ablations.training.train import make_optimizer, train_step
+from ablations.training.train import loss_of, make_optimizer, train_step
 from model import TransformerConfig, count_parameters
 from model.batch import Batch
 from model.params import training_flops
@@ -154,7 +157,7 @@ def training_step(
 
     def step(batch: Batch) -> object:
         with sdpa_backend(backend):
-            return train_step(forward, model.loss, optimizer, [batch], lr, autocast)
+            return train_step(forward, loss_of(model), optimizer, [batch], lr, autocast)
 
     return step
 
@@ -197,7 +200,7 @@ def build_entries(
 
 
 def timed_step(entry: Entry, batch: Batch, device: torch.device) -> tuple[float, int]:
-    """One training step of the entry: its seconds and the graphs torch compiled meanwhile."""
+    """One warm-up step of the entry, between two waits for the device: its seconds and the graphs compiled."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     graphs, start = compiles(), synced(device)
@@ -206,6 +209,43 @@ def timed_step(entry: Entry, batch: Batch, device: torch.device) -> tuple[float,
     if device.type == "cuda":
         entry.peak_bytes = max(entry.peak_bytes, torch.cuda.max_memory_allocated(device))
     return seconds, compiles() - graphs
+
+
+@dataclass
+class Clocked:
+    """An entry's timed steps as the runner times its own: its StepClock (CUDA events on a GPU), and each marked
+    step's (graphs compiled, source tokens, target tokens), in the order marked, until they are read."""
+
+    clock: StepClock
+    steps: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+def clocked_step(entry: Entry, batch: Batch, device: torch.device, clocked: Clocked) -> None:
+    """One timed step of the entry, marked on its clock and not waited for (the device's peak memory is the
+    allocator's count, kept on the host)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    graphs = compiles()
+    clocked.clock.start()
+    entry.step(batch)
+    graphs = compiles() - graphs
+    clocked.steps.append((graphs, batch.src_tokens, batch.tgt_tokens))  # before the lap: an alarm between the two
+    clocked.clock.lap(graphs, batch.tgt_tokens)  # leaves a last step unlapped, which `read_clock` drops
+    if device.type == "cuda":
+        entry.peak_bytes = max(entry.peak_bytes, torch.cuda.max_memory_allocated(device))
+
+
+def read_clock(entry: Entry, clocked: Clocked) -> None:
+    """The steps marked on the entry's clock added to its times (on a GPU this waits for the last of them): plain
+    steps with their FLOPs and target tokens, steps that compiled apart."""
+    laps = clocked.clock.read()
+    plain = [(src, tgt) for graphs, src, tgt in clocked.steps if not graphs]
+    for seconds, (src, tgt) in zip(laps.steps, plain):  # in the order marked; a last step never lapped is dropped
+        entry.times.append(seconds)
+        entry.flops += training_flops(entry.cfg, entry.counts, src, tgt)
+        entry.tgt_tokens += tgt
+    entry.compiling += laps.compiling
+    clocked.steps.clear()
 
 
 def caused_by(exc: BaseException | None, kind: type[BaseException]) -> bool:
@@ -255,9 +295,11 @@ def warm_up(
 
 def time_steps(entries: list[Entry], batches: list[Batch], device: torch.device, deadline: Deadline) -> int:
     """Timed steps of every warmed-up entry, all on the same batch in each repetition, the order alternating, under
-    the alarm (the steps timed before it rings stand); returns the repetitions done. An entry that raises now loses
-    its timing (it would cover other batches)."""
+    the alarm (the steps timed before it rings stand); returns the repetitions done. Each entry's clock is read once
+    its steps are done, as the runner reads its clock at logging steps. An entry that raises now loses its timing (it
+    would cover other batches)."""
     timing = [e for e in entries if e.status == WARMED]
+    clocks = {id(e): Clocked(StepClock(device)) for e in timing}
     for entry in timing:
         entry.status = MEASURED
     done = 0
@@ -265,19 +307,19 @@ def time_steps(entries: list[Entry], batches: list[Batch], device: torch.device,
         for i, batch in enumerate(tqdm(batches, desc="timed steps", unit="rep", leave=False)):
             for entry in alternate([e for e in timing if e.status == MEASURED], i):
                 try:
-                    seconds, graphs = timed_step(entry, batch, device)
+                    clocked_step(entry, batch, device, clocks[id(entry)])
                 except Exception as exc:  # noqa: BLE001
                     if deadline.rang(exc):
                         raise
                     _fail(entry, exc, device, deadline, f" (at timed step {i + 1})")
-                    continue
-                if graphs:
-                    entry.compiling.append(seconds)
-                else:
-                    entry.times.append(seconds)
-                    entry.flops += training_flops(entry.cfg, entry.counts, batch.src_tokens, batch.tgt_tokens)
-                    entry.tgt_tokens += batch.tgt_tokens
             done = i + 1
+    for entry in timing:
+        if entry.status != MEASURED:
+            continue
+        try:
+            read_clock(entry, clocks[id(entry)])
+        except Exception as exc:  # noqa: BLE001 - an error of its queued steps, surfacing when waited for
+            _fail(entry, exc, device, Deadline(None), " (in its timed steps)")
     return done
 
 
