@@ -127,9 +127,9 @@ def test_rows_fanned_out_finish_anywhere_and_a_finished_row_is_skipped(tmp_path_
         "--budget",
         "smoke",
         "--steps",
-        "4",
+        "2",  # the least training that logs, checkpoints and scores (as the runner's concurrency tests)
         "--dev-pairs",
-        str(DEV_PAIRS),
+        str(DEV_PAIRS // 5),
         "--device",
         "cpu",
         "--runs",

@@ -4,6 +4,8 @@ SIGINT (Ctrl-C) and SIGTERM (a SLURM time limit) let the step under way finish, 
 exit 130 / 143 with one line saying how to resume; the resumed grid ends exactly as an uninterrupted one
 (CPU, one thread). A full disk or a read-only folder (simulated: the writer raises as the OS would) is one
 line naming the path; finished results are untouched and nothing is recorded as failed.
+
+Each grid is rows D1,D2 and is stopped in D2: D1 is copied finished from the uninterrupted grid, not trained again.
 """
 
 import errno
@@ -11,6 +13,7 @@ import multiprocessing
 import os
 import random
 import re
+import shutil
 import signal
 import sys
 import time
@@ -91,10 +94,23 @@ def cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, cache):
+def whole(tmp_path_factory, cache):
+    """The runs folder of the grid run without a stop."""
     runs = runs_folder(tmp_path_factory.mktemp("whole"), cache)
     assert finish(argv(runs), runs / "log") == 0, (runs / "log").read_text()[-2000:]
-    return {row: (result(d), logged(d)) for row, d in run_dirs(runs).items()}
+    return runs
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(whole):
+    return {row: (result(d), logged(d)) for row, d in run_dirs(whole).items()}
+
+
+def with_d1_finished(runs, whole):
+    """runs with the uninterrupted grid's finished D1 in it: a grid of D1,D2 keeps it and trains D2 alone."""
+    finished = run_dirs(whole)["D1"]
+    shutil.copytree(finished, runs / "smoke" / finished.name)
+    return runs
 
 
 def text(log) -> str:
@@ -109,9 +125,9 @@ def last_line(log) -> str:
 @pytest.mark.slow
 @pytest.mark.serial
 def test_a_stop_signal_mid_step_checkpoints_that_step_and_a_resume_ends_as_the_uninterrupted_run(
-    signum, status, tmp_path, cache, uninterrupted
+    signum, status, tmp_path, cache, whole, uninterrupted
 ):
-    runs = runs_folder(tmp_path / "runs", cache)
+    runs = with_d1_finished(runs_folder(tmp_path / "runs", cache), whole)
     log = tmp_path / "log"
     assert finish(argv(runs), log, {"signum": signum, "step": 5}) == status
     name = signal.Signals(signum).name
@@ -135,8 +151,8 @@ def test_a_stop_signal_mid_step_checkpoints_that_step_and_a_resume_ends_as_the_u
 
 @pytest.mark.slow
 @pytest.mark.serial
-def test_a_stop_signal_at_a_random_moment_resumes_to_the_uninterrupted_result(tmp_path, cache, uninterrupted):
-    runs = runs_folder(tmp_path / "runs", cache)
+def test_a_stop_signal_at_a_random_moment_resumes_to_the_uninterrupted_result(tmp_path, cache, whole, uninterrupted):
+    runs = with_d1_finished(runs_folder(tmp_path / "runs", cache), whole)
     log = tmp_path / "log"
     proc = start(argv(runs), log)
     target = random.Random().randint(1, 11)
@@ -181,10 +197,9 @@ def failing_writer(monkeypatch, code: int, *where: str):
 )
 @pytest.mark.slow
 def test_a_full_disk_or_read_only_folder_is_one_line_and_finished_results_stay(
-    code, where, target, tmp_path, cache, monkeypatch, capsys, uninterrupted
+    code, where, target, tmp_path, cache, monkeypatch, capsys, whole, uninterrupted
 ):
-    runs = runs_folder(tmp_path / "runs", cache)
-    assert main(argv(runs, rows="D1")) == 0  # D1 finished before the disk fills
+    runs = with_d1_finished(runs_folder(tmp_path / "runs", cache), whole)  # D1 finished before the disk fills
     d1 = run_dirs(runs)["D1"]
     before = {p.name: p.read_bytes() for p in d1.iterdir()}
     failing_writer(monkeypatch, code, "/D2-s1-", where)
