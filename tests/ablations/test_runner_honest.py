@@ -28,7 +28,21 @@ from tests.ablations.test_gpu_path import TINY, tiny_run, varied_pairs
 from tests.ablations.test_train import TINY_BUDGET, grid_of
 from tests.helpers import NO_DATA, REAL_DATA, needs_data
 
-PAUSE = 0.25  # seconds: far longer than a step of the tiny model (a few ms)
+PAUSE = 100.0  # seconds the clock moves on for slowed work, without waiting: beyond any step of the tiny model, on
+# however busy a machine (a sleep of a fraction of a second was not: a step that waits for a kernel build outlasts it)
+_shift = [0.0]
+
+
+@pytest.fixture(autouse=True)
+def shifted_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """time.perf_counter, which the runner's clock reads, running PAUSE seconds ahead after each `pause()`."""
+    real, _shift[0] = time.perf_counter, 0.0
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + _shift[0])
+
+
+def pause() -> None:
+    """Work that takes PAUSE seconds, as the clock sees it."""
+    _shift[0] += PAUSE
 
 
 def slowed(monkeypatch: pytest.MonkeyPatch, name: str) -> list[float]:
@@ -36,7 +50,7 @@ def slowed(monkeypatch: pytest.MonkeyPatch, name: str) -> list[float]:
     work, pauses = getattr(T, name), []
 
     def slow(*args, **kwargs):
-        time.sleep(PAUSE)
+        pause()
         pauses.append(PAUSE)
         return work(*args, **kwargs)
 
@@ -51,7 +65,7 @@ def compiling_at(monkeypatch: pytest.MonkeyPatch, steps: set[int]) -> None:
     def train_step(*args, **kwargs):
         calls[0] += 1
         if calls[0] in steps:
-            time.sleep(PAUSE)
+            pause()
             graphs[0] += 1
         return step(*args, **kwargs)
 
@@ -71,7 +85,7 @@ def test_a_pause_between_steps_is_counted_in_no_step():
     for graphs in (0, 1):
         clock.start()
         clock.lap(graphs, tokens=10)
-        time.sleep(PAUSE)  # evaluation, a checkpoint, logging: between steps
+        pause()  # evaluation, a checkpoint, logging: between steps
     laps = clock.read()
     assert len(laps.steps) == len(laps.compiling) == 1 and max(laps.steps + laps.compiling) < PAUSE
     assert (laps.steady_tokens, laps.compiles) == (10, 1)
