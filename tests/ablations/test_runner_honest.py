@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,7 +23,8 @@ from ablations.runs.budgets import select_rows
 from ablations.training import train as T
 from ablations.training.clock import StepClock
 from ablations.training.peaks import Peak, peak, peak_flops, peak_of_name
-from model import Transformer
+from ablations.training.distributed import SINGLE
+from model import Transformer, count_parameters
 from plumbing import stopping
 from tests.ablations.test_gpu_path import TINY, tiny_run, varied_pairs
 from tests.ablations.test_train import TINY_BUDGET, grid_of
@@ -131,6 +133,17 @@ def test_a_checkpoint_from_before_the_steady_fields_loads_and_counts_them_from_t
     T.save_checkpoint(tmp_path / "checkpoint.pt", model, optimizer, T.TrainState())
     state = T.load_checkpoint(tmp_path / "checkpoint.pt", model, optimizer)
     assert state == T.TrainState(**older, steady_s=0.0, steady_tokens=0)
+
+
+@pytest.mark.parametrize("device, measured", [("cpu", True), ("cuda", False)])
+def test_a_run_records_its_share_of_the_gemm_rate_on_a_cpu_and_only_mfu_on_a_gpu(device, measured, monkeypatch):
+    # On a GPU one small fp32 matrix product times its launch, not the card: the card's peak is the yardstick there.
+    monkeypatch.setattr(runner, "peak", lambda device: Peak("a test card", 1e12))
+    state = T.TrainState(step=3, tokens_seen=900, wall_s=2.0, steady_s=1.0, steady_tokens=600)
+    grid, run = SimpleNamespace(device=torch.device(device), ranks=SINGLE), SimpleNamespace(config=TINY)
+    final = {"gemm_fraction": None}
+    runner.add_rates(final, state, grid, run, count_parameters(Transformer(TINY).parameter_groups()))
+    assert final["mfu"] > 0 and (final["gemm_fraction"] is not None) == measured
 
 
 @pytest.fixture(scope="module")

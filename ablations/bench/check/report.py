@@ -22,7 +22,7 @@ from plumbing.files import write_atomic
 BENCH = "bench-gpu"  # the bench part's report in the out folder: bench-gpu.md and bench-gpu.json
 BROKEN_SO_FAR = "failed or erred by pytest's progress marks"  # a stage cut before its summary
 PROGRESS = r"^([.FEsxX]+)(?=\s*\[|\s*$|\d)"  # pytest -q's progress: a mark per test, then [ NN%] (cut: anywhere)
-GEMM = "gemm_fraction"  # final.json's share of the machine's fp32 GEMM rate: a CPU's figure, not a GPU's
+GEMM = "gemm_fraction"  # final.json's share of the machine's fp32 GEMM rate: the runner writes it on a CPU only
 RECOMPILES = re.compile(r"\[[\d/]+\] \[__recompiles\].*")  # TORCH_LOGS=recompiles: "[0/1] [__recompiles] ..."
 WORK, OUT = "WORK", "OUT"  # how the report names the check's temporary folder and its --out folder
 
@@ -41,20 +41,11 @@ def fresh_json(path: Path, since: float) -> dict | None:
         return None
 
 
-def on_cpu(final: dict) -> bool:
-    """Whether the run trained on the CPU, by the device final.json names ('cpu (N threads)')."""
-    return str(final.get("device", "")).startswith("cpu")
-
-
 def records(folder: Path) -> dict:
-    """A run's records as gpu-check.json carries them: config and final as read (on a GPU, final without its
-    gemm_fraction: see runner_lines), metrics as a list of its lines."""
+    """A run's records as gpu-check.json carries them: config and final as read, metrics as a list of its lines."""
     if not folder.is_dir():
         return {}
-    final = R.read_final(folder)
-    if final and not on_cpu(final):
-        final = {k: v for k, v in final.items() if k != GEMM}
-    return {R.CONFIG: R.read_json(folder / R.CONFIG), R.METRICS: R.read_metrics(folder), R.FINAL: final}
+    return {R.CONFIG: R.read_json(folder / R.CONFIG), R.METRICS: R.read_metrics(folder), R.FINAL: R.read_final(folder)}
 
 
 def runner_lines(folder: Path | None) -> list[str]:
@@ -73,13 +64,8 @@ def runner_lines(folder: Path | None) -> list[str]:
         f"{recorded('compiles')}, compiling {recorded('compile_s', '{:.1f} s')}; dev PPL {recorded('dev_ppl', '{:.1f}')}, "
         f"BLEU {recorded('bleu', '{:.2f}')}, scoring {recorded('eval_s', '{:.0f} s')}"
     ]
-    if on_cpu(final):
+    if final.get(GEMM) is not None:  # a CPU's run: on a GPU, MFU against the card's peak is the figure
         lines.append(f"{GEMM} (model FLOP/s over this CPU's measured fp32 GEMM rate): {recorded(GEMM, '{:.0%}')}")
-    elif final.get(GEMM) is not None:
-        lines.append(
-            f"{GEMM} left out on a GPU: it times one small fp32 matrix product (the launch, not the card); the figure "
-            "is MFU against the card's bf16 peak"
-        )
     if "ddp" in final:
         lines.append(
             f"data-parallel: {'DDP over ' + str(final.get('dist_backend')) if final['ddp'] else 'no (one plain process)'}"
