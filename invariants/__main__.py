@@ -29,8 +29,11 @@ from invariants import device, killmatrix, profiles, report
 from invariants.engine import ERROR, FAIL, FIXED, NOT_APPLICABLE, NOT_RUN, Property, invocation
 from invariants.guard import DEFAULT_TIMEOUT_S, STOP, stop_on
 from invariants.mutants import MUTANTS
+from invariants.lm.properties import LM_PROPERTIES
+from invariants.lm.subject import LMSubject
 from invariants.subject import Subject
 from invariants.suite import PROPERTIES, Interrupted, run_suite, select
+from model.lm.registry import is_decoder_only, parse_lm_spec
 from model.registry import ModelSpec, SpecError, default_spec, parse_config_overrides, parse_spec
 from plumbing.files import StorageError, writable_folder
 
@@ -106,6 +109,9 @@ def list_all() -> None:
     print()
     for name, mutant in MUTANTS.items():
         print(f"mutant:{name:<26} {mutant.bug}")
+    print("\ndecoder-only models (--model lm-reference, hf-gpt2, hf-llama, hf-mistral, hf-qwen2, ...):")
+    for prop in LM_PROPERTIES:
+        print(f"{prop.group.split()[0]:>2}  {prop.name:<30} {prop.description}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,25 +147,26 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     profile_name = args.profile or profiles.default_name()
     command = (invocation() + " " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
     try:
-        settings, properties, replay = selection(args, profile_name)
+        text = args.model if args.model is not None else default_spec()
+        decoder_only = not args.kill_matrix and is_decoder_only(text)
+        pool = LM_PROPERTIES if decoder_only else PROPERTIES
+        settings, properties, replay = selection(args, profile_name, pool)
         if args.kill_matrix:
             args.out = (args.out or DEFAULT_OUT).resolve()
             writable_folder(args.out)
             return kill_matrix(args, settings, profile_name, command, str(device.resolve(args.device)))
         if args.timeout < 0:
             raise ValueError(f"--timeout {args.timeout:g}: give seconds, or 0 for no limit")
-        spec = parse_spec(args.model if args.model is not None else default_spec())
+        spec = parse_lm_spec(text) if decoder_only else parse_spec(text)
         args.out = (args.out or default_out(spec)).resolve()  # before the adapter is imported (it may chdir)
         writable_folder(args.out)
         target = str(device.resolve(args.device))
         start = time.perf_counter()
-        subject = Subject(spec, target)
+        subject = LMSubject(spec, target) if decoder_only else Subject(spec, target)
     except (SpecError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    partial = (
-        "" if len(properties) == len(PROPERTIES) else f"{len(properties)} of {len(PROPERTIES)} properties (--only)"
-    )
+    partial = "" if len(properties) == len(pool) else f"{len(properties)} of {len(pool)} properties (--only)"
     try:
         results = run_suite(
             subject, properties, settings, args.seed, replay, True, profile_name, timeout=args.timeout or None
@@ -185,16 +192,16 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 
 def selection(
-    args: argparse.Namespace, profile_name: str
+    args: argparse.Namespace, profile_name: str, pool: list[Property] = PROPERTIES
 ) -> tuple[hypothesis.settings, list[Property], tuple[str, bytes] | None]:
-    """The hypothesis settings, the properties --only names and the --replay line, or a ValueError that says which
-    combination of flags cannot run."""
+    """The hypothesis settings, the properties of `pool` that --only names and the --replay line, or a ValueError that
+    says which combination of flags cannot run."""
     settings = profiles.profile(profile_name)
     if args.seed is not None and settings.derandomize:
         raise ValueError(
             f"--seed has no effect under the derandomized profile {profile_name}; add --profile dev or thorough"
         )
-    properties = select([n.strip() for n in args.only.split(",") if n.strip()])
+    properties = select([n.strip() for n in args.only.split(",") if n.strip()], pool)
     replay = parse_replay(args.replay) if args.replay else None
     if replay and len(properties) != 1:
         raise ValueError("--replay needs --only with exactly one property (the one the line came from)")

@@ -34,6 +34,7 @@ from invariants.guard import (
     member_at_fault,
     time_limit,
 )
+from invariants.lm.subject import LMSubject
 from invariants.subject import Factory, Subject
 from invariants.tolerances import Tolerance
 from model import kernels
@@ -107,8 +108,8 @@ class Property:
         device: str = "cpu",
         timeout: float | None = DEFAULT_TIMEOUT_S,
     ) -> Result:
-        """The property's verdict on a model spec, factory or Subject (a Subject runs on its own device)."""
-        subject = model if isinstance(model, Subject) else Subject(model, device)
+        """The property's verdict on a model spec, factory or subject (a subject runs on its own device)."""
+        subject = model if isinstance(model, (Subject, LMSubject)) else Subject(model, device)
         return run(self, subject, settings, seed, replay, profile, timeout)
 
 
@@ -124,10 +125,11 @@ def invariant(
     applicable: Callable[[Subject], str | None] = lambda s: None,
     describe: Callable[[Any], str] = repr,
     precision: str = "forward",
+    registry: dict[str, Property] = REGISTRY,
 ) -> Callable[[Callable], Property]:
     """Turn check(subject, case) -> error into a Property named after the function, its docstring's first line its
-    description, and register it: the suite runs the registered properties in the order invariants/properties/
-    defines them."""
+    description, and register it in `registry` (the encoder-decoders' by default; invariants/lm/ keeps the decoder-only
+    models' apart): a suite runs the registered properties in the order they are defined."""
 
     def wrap(check: Callable[[Subject, Any], float]) -> Property:
         description = (check.__doc__ or "").strip().splitlines()[0]
@@ -144,10 +146,10 @@ def invariant(
             describe,
             precision,
         )
-        known = REGISTRY.get(prop.name)
+        known = registry.get(prop.name)
         if known is not None and known.check.__module__ != check.__module__:
             raise ValueError(f"two properties named {prop.name}: in {known.check.__module__} and {check.__module__}")
-        REGISTRY[prop.name] = prop
+        registry[prop.name] = prop
         return prop
 
     return wrap

@@ -12,6 +12,7 @@ from tqdm import tqdm
 from invariants.engine import FAIL, Property, Result
 from invariants.guard import DEFAULT_TIMEOUT_S
 from invariants.properties import PROPERTIES
+from invariants.lm.subject import LMSubject
 from invariants.subject import Factory, Subject
 
 BY_NAME = {p.name: p for p in PROPERTIES}
@@ -23,19 +24,21 @@ RETIRED = {
 }
 
 
-def select(names: list[str] | None) -> list[Property]:
-    """The named properties (all when names is empty); an unknown name is a ValueError listing the valid ones."""
+def select(names: list[str] | None, pool: list[Property] = PROPERTIES) -> list[Property]:
+    """The named properties of `pool` (all when names is empty; the encoder-decoders' by default); an unknown name is
+    a ValueError listing the valid ones."""
     if not names:
-        return PROPERTIES
+        return pool
+    by_name = {p.name: p for p in pool}
     retired = [f"{n}: {RETIRED[n]}" for n in names if n in RETIRED]
     if retired:
         raise ValueError("; ".join(retired))
-    unknown = [n for n in names if n not in BY_NAME]
+    unknown = [n for n in names if n not in by_name]
     if unknown:
         raise ValueError(
-            f"unknown propert{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; valid: {', '.join(BY_NAME)}"
+            f"unknown propert{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; valid: {', '.join(by_name)}"
         )
-    return [BY_NAME[n] for n in names]
+    return [by_name[n] for n in names]
 
 
 class Interrupted(KeyboardInterrupt):
@@ -47,7 +50,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 def run_suite(
-    model: str | Factory | Subject,
+    model: str | Factory | Subject | LMSubject,
     properties: list[Property] | None = None,
     settings: hypothesis.settings | None = None,
     seed: int | None = None,
@@ -60,7 +63,7 @@ def run_suite(
     """Run properties (default: all) against one model, on `device` unless it is a Subject (which has its own); a bad
     spec raises model.SpecError before any runs, Ctrl-C raises Interrupted with the verdicts reached so far, and each
     property gets `timeout` seconds (None: no limit)."""
-    subject = model if isinstance(model, Subject) else Subject(model, device)
+    subject = model if isinstance(model, (Subject, LMSubject)) else Subject(model, device)
     results: list[Result] = []
     chosen = properties or PROPERTIES
     on_terminal = progress and sys.stderr.isatty()

@@ -193,3 +193,17 @@ ORACLE = Tolerance(
     ">= 1e-3 (the float32-rounded sinusoids, 6e-8, are judged apart: PE_VALUES)",
     below_float64=FLOAT32,
 )
+
+# The decoder-only models' (invariants/lm/). HuggingFace's Llama-family eager attention takes its softmax in float32
+# and RMSNorm upcasts to float32, inside a float64 run: those models are judged at float32's precision there.
+LM_ROW_SUM = Tolerance(
+    1e-12,
+    "a float64 softmax row of <100 entries sums to 1 within ~1e-15",
+    below_float64=Tolerance(1e-5, "a float32 softmax row of <100 entries sums to 1 within ~1e-6"),
+)
+LM_INIT_LOSS = Tolerance(
+    0.1,
+    "|cross-entropy at initialisation / log(vocab) - 1|: near-uniform logits give log(vocab) plus about half their "
+    "variance (seen: <= 0.03 for the reference and HF GPT-2, Llama, Mistral, Qwen2 at their 0.02 inits, from 23 to "
+    "50,257 tokens); logits scaled up by sqrt(d_model) or a wrongly scaled output layer put it above 0.3",
+)
