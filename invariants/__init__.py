@@ -10,6 +10,7 @@ Every property is importable by its name from here; they live in invariants/prop
 
 from invariants import shadowing  # noqa: F401  (first: a model.py or model/ hiding the harness's `model` is one line)
 from invariants.engine import NotApplicable, Property, Result
+from invariants.lm.mutants import LM_MUTANTS  # noqa: F401  (registers lm-mutant:NAME)
 from invariants.mutants import MUTANTS  # importing it registers mutant:NAME in the model registry
 from invariants.subject import Subject
 from invariants.suite import BY_NAME, PROPERTIES, run_suite

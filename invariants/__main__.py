@@ -95,6 +95,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--fresh", action="store_true", help="with --kill-matrix: recompute mutant reports already on disk")
     p.add_argument(
+        "--decoder-only",
+        action="store_true",
+        help=f"with --kill-matrix: the decoder-only mutants, each at its own config (default out: {DEFAULT_OUT / 'lm'})",
+    )
+    p.add_argument(
         "--strict",
         action="store_true",
         help="exit 1 also when a property is not applicable (a missing capability hides what it would check)",
@@ -152,7 +157,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         pool = LM_PROPERTIES if decoder_only else PROPERTIES
         settings, properties, replay = selection(args, profile_name, pool)
         if args.kill_matrix:
-            args.out = (args.out or DEFAULT_OUT).resolve()
+            args.out = (args.out or (DEFAULT_OUT / "lm" if args.decoder_only else DEFAULT_OUT)).resolve()
             writable_folder(args.out)
             return kill_matrix(args, settings, profile_name, command, str(device.resolve(args.device)))
         if args.timeout < 0:
@@ -279,9 +284,14 @@ def save(doc: dict, out: Path | None) -> str:
 
 
 def kill_matrix(args: argparse.Namespace, settings, profile_name: str, command: str, target: str) -> int:
-    overrides = parse_config_overrides(args.mutant_overrides, "--mutant-overrides")
-    docs = killmatrix.run_mutants(args.out, settings, profile_name, overrides, args.fresh, command, target)
-    kill = killmatrix.matrix(docs, command, overrides)
+    family = killmatrix.DECODER_ONLY if args.decoder_only else killmatrix.ENCODER_DECODER
+    if args.decoder_only:  # each decoder-only mutant has its own config; overrides only where given
+        given = args.mutant_overrides if args.mutant_overrides != MUTANT_OVERRIDES else ""
+        overrides = parse_lm_spec(f"lm-mutant,{given}").overrides
+    else:
+        overrides = parse_config_overrides(args.mutant_overrides, "--mutant-overrides")
+    docs = killmatrix.run_mutants(args.out, settings, profile_name, overrides, args.fresh, command, target, family)
+    kill = killmatrix.matrix(docs, command, overrides, family)
     json_path, md_path = killmatrix.write(kill, args.out)
     wrong = killmatrix.missed(kill)
     print(f"{len(kill['mutants']) - len(wrong)} of {len(kill['mutants'])} as they must be; {md_path} and {json_path}")

@@ -9,17 +9,21 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import hypothesis
 from tabulate import tabulate
 from tqdm import tqdm
 
 from invariants import report
-from invariants.engine import ERROR, FAIL, NOT_APPLICABLE
+from invariants.engine import ERROR, FAIL, NOT_APPLICABLE, Property
+from invariants.lm.mutants import LM_MUTANTS
+from invariants.lm.properties import LM_PROPERTIES
+from invariants.lm.subject import LMSubject
 from invariants.mutants import MUTANTS
-from invariants.subject import OWN_CONFIG, Overrides
+from invariants.subject import OWN_CONFIG, Overrides, Subject
 from invariants.suite import PROPERTIES, run_suite
 from model.registry import ModelSpec, format_config_overrides
 from plumbing.files import write_atomic
@@ -28,8 +32,30 @@ from plumbing.provenance import git_commit
 CELL = {FAIL: "x", NOT_APPLICABLE: "-", "pass": ".", ERROR: "E"}
 
 
-def mutant_spec(name: str, overrides: Overrides) -> ModelSpec:
-    return ModelSpec("mutant", name, overrides)
+@dataclass(frozen=True)
+class Family:
+    """What a kill matrix runs: the mutants (each with a `bug`), the properties, the spec name mutants go by, and the
+    subject that builds them."""
+
+    mutants: Mapping[str, Any]
+    properties: list[Property]
+    target: str
+    subject: Callable[[ModelSpec, str], Subject | LMSubject]
+    where: str = ""  # the configs, in words, where the overrides do not say it
+
+
+ENCODER_DECODER = Family(MUTANTS, PROPERTIES, "mutant", Subject)
+DECODER_ONLY = Family(
+    LM_MUTANTS,
+    LM_PROPERTIES,
+    "lm-mutant",
+    LMSubject,
+    "each mutant's own config (invariants/lm/mutants.py: the paper's decoder small, or modern with GQA and a window)",
+)
+
+
+def mutant_spec(name: str, overrides: Overrides, family: Family = ENCODER_DECODER) -> ModelSpec:
+    return ModelSpec(family.target, name, overrides)
 
 
 def run_mutants(
@@ -40,11 +66,12 @@ def run_mutants(
     fresh: bool = False,
     command: str = "",
     device: str = "cpu",
+    family: Family = ENCODER_DECODER,
 ) -> list[dict[str, Any]]:
-    """Run (or reuse) the report of every mutant, on `device`; returns their report documents."""
+    """Run (or reuse) the report of every mutant of `family`, on `device`; returns their report documents."""
     docs = []
-    for name in tqdm(MUTANTS, desc="mutants", unit="mutant"):
-        spec = mutant_spec(name, overrides)
+    for name in tqdm(family.mutants, desc="mutants", unit="mutant"):
+        spec = mutant_spec(name, overrides, family)
         path = out / "mutants" / f"{report.slug(str(spec))}.json"
         if path.exists() and not fresh:
             try:
@@ -55,12 +82,13 @@ def run_mutants(
                 isinstance(doc, dict)
                 and doc.get("profile") == profile
                 and doc.get("device", "cpu") == device
-                and [p["name"] for p in doc.get("properties", [])] == [p.name for p in PROPERTIES]
+                and [p["name"] for p in doc.get("properties", [])] == [p.name for p in family.properties]
             ):
                 docs.append(doc)
                 continue
         start = time.perf_counter()
-        results = run_suite(spec, settings=settings, profile=profile, device=device)
+        subject = family.subject(spec, device)
+        results = run_suite(subject, family.properties, settings=settings, profile=profile)
         doc = report.document(str(spec), results, profile, command, time.perf_counter() - start, device)
         report.write(doc, out / "mutants")
         docs.append(doc)
@@ -79,20 +107,25 @@ def localised(doc: dict[str, Any]) -> str | None:
     return sites[0] if sites else ("" if failed else None)
 
 
-def matrix(docs: list[dict[str, Any]], command: str, overrides: Overrides = OWN_CONFIG) -> dict[str, Any]:
+def matrix(
+    docs: list[dict[str, Any]], command: str, overrides: Overrides = OWN_CONFIG, family: Family = ENCODER_DECODER
+) -> dict[str, Any]:
     names = [doc["model"].split(":", 1)[1].split(",")[0] for doc in docs]
     verdicts = {name: {p["name"]: p["verdict"] for p in doc["properties"]} for name, doc in zip(names, docs)}
+    mutants = family.mutants
     return {
         "mutants": names,
-        "properties": [p.name for p in PROPERTIES],
+        "properties": [p.name for p in family.properties],
         "verdicts": verdicts,
         "caught": {name: any(v == FAIL for v in verdicts[name].values()) for name in names},
         # correct variants (a float32 softmax and loss): "caught" there is a false failure, so they must pass
-        "controls": [name for name in names if MUTANTS[name].control],
-        "known_bug": {name: MUTANTS[name].known_bug for name in names},
+        "controls": [name for name in names if getattr(mutants[name], "control", False)],
+        "known_bug": {name: getattr(mutants[name], "known_bug", True) for name in names},
+        "bugs": {name: mutants[name].bug for name in names},
         "localised": {name: localised(doc) for name, doc in zip(names, docs)},
         "specs": {name: doc["model"] for name, doc in zip(names, docs)},
         "config": format_config_overrides(overrides),
+        "where": family.where,
         "command": command,
         "commit": git_commit(),
     }
@@ -101,19 +134,22 @@ def matrix(docs: list[dict[str, Any]], command: str, overrides: Overrides = OWN_
 def markdown(kill: dict[str, Any]) -> str:
     props = kill["properties"]
     controls = kill.get("controls", [])
+    oracle = any(p.startswith(ORACLE) for p in props)  # the encoder-decoders' matrix has the paper-as-oracle column
     rows = [
         [
             f"`{m}`" + (" (control)" if m in controls else "" if kill["known_bug"][m] else " *"),
             *(CELL[kill["verdicts"][m][p]] for p in props),
             caught_cell(kill["caught"][m], m in controls),
-            oracle_cell(kill.get("localised", {}).get(m, "-")),
+            *([oracle_cell(kill.get("localised", {}).get(m, "-"))] if oracle else []),
         ]
         for m in kill["mutants"]
     ]
     bugs = [m for m in kill["mutants"] if m not in controls]
     sites = kill.get("localised", {})
     changed = [m for m in kill["mutants"] if sites.get(m) is not None]
-    where = f"config {kill['config']}" if kill.get("config") else "the base config (the paper's 65M model)"
+    where = kill.get("where") or (
+        f"config {kill['config']}" if kill.get("config") else "the base config (the paper's 65M model)"
+    )
     killed_by = {p: sum(kill["verdicts"][m][p] == FAIL for m in kill["mutants"]) for p in props}
     lines = [
         "# Kill matrix: mutants x invariants",
@@ -125,17 +161,23 @@ def markdown(kill: dict[str, Any]) -> str:
         f"(an error, which catches nothing). * = beyond the {sum(kill['known_bug'].values())} bugs known from real code: near misses of each "
         "property, so that every property is seen to fail on a plausible bug.",
         "",
-        f"The paper as an oracle (the `{ORACLE}*` properties: the paper's equations on the mutant's own weights, eval "
-        f"mode) fail on {len(changed)} mutants and name the first sub-layer that departs for "
-        f"{sum(bool(sites[m]) for m in changed)} of them (last column); on the other "
-        f"{len(kill['mutants']) - len(changed)} they pass (.): their eval-mode function is the paper's, and they "
-        "change training, dropout, the loss or how weights are shared, which the other properties judge.",
-        "",
+        *(
+            [
+                f"The paper as an oracle (the `{ORACLE}*` properties: the paper's equations on the mutant's own weights, "
+                f"eval mode) fail on {len(changed)} mutants and name the first sub-layer that departs for "
+                f"{sum(bool(sites[m]) for m in changed)} of them (last column); on the other "
+                f"{len(kill['mutants']) - len(changed)} they pass (.): their eval-mode function is the paper's, and "
+                "they change training, dropout, the loss or how weights are shared, which the other properties judge.",
+                "",
+            ]
+            if oracle
+            else []
+        ),
         f"Regenerate: `{kill['command']}` (commit {kill['commit']}).",
         "",
         tabulate(
             rows,
-            ["mutant", *range(1, len(props) + 1), "caught", "oracle: first departs at"],
+            ["mutant", *range(1, len(props) + 1), "caught", *(["oracle: first departs at"] if oracle else [])],
             tablefmt="github",
             disable_numparse=True,
         ),
@@ -146,7 +188,7 @@ def markdown(kill: dict[str, Any]) -> str:
         "",
         "Mutants:",
         "",
-        *[f"- `{m}`: {MUTANTS[m].bug}" for m in kill["mutants"]],
+        *[f"- `{m}`: {kill.get('bugs', {}).get(m) or MUTANTS[m].bug}" for m in kill["mutants"]],
         "",
     ]
     return "\n".join(lines)

@@ -71,25 +71,36 @@ class SelfAttention(nn.Module):
         k = self.w_k(x).view(B, T, self.h_kv, self.d).transpose(1, 2)  # (B, h_kv, T, d)
         v = self.w_v(x).view(B, T, self.h_kv, self.d).transpose(1, 2)
         if rotation is not None:
-            q, k = rotate(q, *rotation, self.layout), rotate(k, *rotation, self.layout)
+            q, k, v = self.positioned(q, k, v, rotation)
         if cache is not None:
             k, v = cache.append(f"self.{self.layer}", k, v)  # (B, h_kv, T_k, d)
-        group = self.h // self.h_kv
-        k_h, v_h = (k, v) if group == 1 else (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
-        out, probs = attend(q, k_h, v_h, allowed, self.records is not None)
+        out, probs = self.attend(q, *self.grouped(k, v), allowed, self.records is not None)
         if self.records is not None:  # cached k, v are views of buffers that a later reorder rewrites: copied
             k, v = (k.clone(), v.clone()) if cache is not None else (k, v)
             self.records.append(LMAttentionRecord(self.layer, q, k, v, probs))
         return self.w_o(out.transpose(1, 2).reshape(B, T, -1))
+
+    def positioned(self, q: Tensor, k: Tensor, v: Tensor, rotation: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
+        """Queries and keys turned by their positions (RoFormer); the values as they are."""
+        return rotate(q, *rotation, self.layout), rotate(k, *rotation, self.layout), v
+
+    def grouped(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values with one head per query head: key/value head j serves query heads j*g .. j*g + g - 1."""
+        group = self.h // self.h_kv
+        return (k, v) if group == 1 else (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, need_weights: bool):
+        """softmax(q k^T / sqrt(d)) v over the allowed keys (model/attention.py, the project's one attention)."""
+        return attend(q, k, v, allowed, need_weights)
 
 
 class Block(nn.Module):
     """Self-attention then the FFN, each with dropout on its output (section 5.4) and a residual connection: post-LN
     x = Norm(x + Sublayer(x)) (section 3.1) or pre-LN x = x + Sublayer(Norm(x)) (Xiong et al. 2020)."""
 
-    def __init__(self, cfg: LMConfig, layer: int) -> None:
+    def __init__(self, cfg: LMConfig, layer: int, attention: type[SelfAttention] = SelfAttention) -> None:
         super().__init__()
-        self.attn, self.ffn = SelfAttention(cfg, layer), FeedForward(cfg)
+        self.attn, self.ffn = attention(cfg, layer), FeedForward(cfg)
         self.norm_attn, self.norm_ffn = make_norm(cfg), make_norm(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
         self.pre_norm = cfg.norm_position == "pre"
@@ -125,6 +136,8 @@ class DecoderOnly(nn.Module):
     """Token embedding (times sqrt(d_model), section 3.4), positions (section 3.5, Table 3 row E, rotary or none),
     n_layers blocks and the pre-softmax linear, tied to the embedding by default."""
 
+    attention: type[SelfAttention] = SelfAttention  # the blocks' self-attention (a subclass changes one step of it)
+
     def __init__(self, cfg: LMConfig) -> None:
         super().__init__()
         self.config, self.unsupported = cfg, {}
@@ -134,7 +147,7 @@ class DecoderOnly(nn.Module):
         elif cfg.positions == "learned":
             self.pos_embed = nn.Embedding(cfg.max_len, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, layer, self.attention) for layer in range(cfg.n_layers))
         self.final_norm = make_norm(cfg) if cfg.norm_position == "pre" else nn.Identity()  # post-LN ends normed
         self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -160,8 +173,7 @@ class DecoderOnly(nn.Module):
         past = cache.length if cache is not None else 0
         if tuple(pad.shape) != (B, past + T):
             raise ValueError(f"pad is {tuple(pad.shape)}, expected (B, cached + new) = ({B}, {past + T})")
-        if positions is None:
-            positions = default_positions(pad)[:, past:]
+        positions = self.positions_of(pad, past) if positions is None else positions
         x = self.embed(ids)  # (B, T, d_model)
         if cfg.scale_embeddings:
             x = x * math.sqrt(cfg.d_model)
@@ -171,12 +183,20 @@ class DecoderOnly(nn.Module):
             x = x + self.pos_embed(positions)
         x = self.dropout(x)
         rotation = rotary_angles(positions, cfg.d_head, cfg.rotary_base, x.dtype) if cfg.positions == "rotary" else None
-        allowed = allowed_keys(pad, T, cfg.window)
+        allowed = self.allowed(pad, T)
         for block in self.blocks:
             x = block(x, allowed, rotation, cache)
         if cache is not None:
             cache.length += T
         return self.output(self.final_norm(x))
+
+    def positions_of(self, pad: Tensor, past: int) -> Tensor:
+        """The new tokens' positions when none are given: counted from each row's first real token."""
+        return default_positions(pad)[:, past:]
+
+    def allowed(self, pad: Tensor, queries: int) -> Tensor:
+        """Which keys the last `queries` positions may read: causal, not padding, within the window."""
+        return allowed_keys(pad, queries, self.config.window)
 
     def new_cache(self) -> KVCache:
         """An empty cache; each layer appends its rotated keys and its values under 'self.{layer}'."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable
 
 from model.lm.config import LMConfig, parse_lm_overrides
 from model.lm.protocol import CausalLM, missing_members
@@ -152,4 +152,3 @@ def load_lm(spec: ModelSpec | str, config: LMConfig | None = None) -> CausalLM:
             "(see model/lm/protocol.py)"
         )
     return model
-
