@@ -89,6 +89,13 @@ class ModelWidthScale(SelfAttention):
         return attend(q * math.sqrt(q.size(-1) / (self.h * self.d)), k, v, allowed, need_weights)
 
 
+class SoftmaxOverQueries(SelfAttention):
+    def attend(self, q, k, v, allowed, need_weights):
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(~allowed, torch.finfo(q.dtype).min)
+        probs = torch.softmax(scores, -2) * allowed  # normalised over the queries, not the keys
+        return probs @ v, probs if need_weights else None
+
+
 class Float32MinMask(SelfAttention):
     def attend(self, q, k, v, allowed, need_weights):
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
@@ -122,6 +129,13 @@ lm_mutant(
     ("attention_scores",),
     known_bug=False,
 )(attention_with(ModelWidthScale))
+lm_mutant(
+    "softmax_over_queries",
+    "the attention softmax taken over the queries' axis instead of the keys'",
+    SMALL,
+    ("softmax_rows", "attention_scores"),
+    known_bug=False,
+)(attention_with(SoftmaxOverQueries))
 lm_mutant(
     "mask_min_float32",
     "the mask adds float32's lowest value whatever the dtype: -inf in float16, a fully masked row turns NaN",
@@ -196,6 +210,18 @@ class LastLayerBidirectional(DecoderOnly):
             return super().forward(ids, pad, positions, cache)
         finally:
             del last.forward
+
+
+@lm_mutant(
+    "mask_from_first_row",
+    "the padding mask built from the batch's first row and used for every row",
+    SMALL,
+    ("batch_rows_independent", "padding_invariance"),
+    known_bug=False,
+)
+class MaskFromFirstRow(DecoderOnly):
+    def allowed(self, pad: Tensor, queries: int) -> Tensor:
+        return allowed_keys(pad[:1].expand_as(pad), queries, self.config.window)
 
 
 @lm_mutant(
