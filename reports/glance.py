@@ -52,8 +52,8 @@ def _day(date: str) -> str:
     return date[:10] if date else "undated"
 
 
-def invariants_rows(folder: Path, root: Path, kind: str = "") -> list[str]:
-    """One row per model's invariants report: its verdict counts, date and commit (`kind` after the model's name)."""
+def invariants_rows(folder: Path, root: Path) -> list[str]:
+    """One row per model's invariants report: its verdict counts, date and commit."""
     rows = []
     for path in sorted(folder.glob("*.json")):
         if path.name.endswith(PARTIAL_JSON):
@@ -68,13 +68,23 @@ def invariants_rows(folder: Path, root: Path, kind: str = "") -> list[str]:
         )
         rows.append(
             _row(
-                f"[invariants]({_link(path.with_suffix('.md'), root)}), `{report['model']}`{kind}",
+                f"[invariants]({_link(path.with_suffix('.md'), root)}), `{report['model']}`",
                 counts,
                 report.get("date", ""),
                 report.get("commit", "?"),
             )
         )
     return rows
+
+
+def decoder_only_row(folder: Path, root: Path) -> list[str]:
+    """One row for every decoder-only model's report: each model's verdict counts, the latest date and commit."""
+    rows = [row.split(" | ") for row in invariants_rows(folder, root)]
+    if not rows:
+        return []
+    latest = max(rows, key=lambda row: row[-1])
+    models = "; ".join(f"{row[0].split('), ', 1)[1]} {row[1]}" for row in rows)
+    return [f"| [invariants, decoder-only]({_link(folder, root)}) | {models} | {latest[-1]}"]
 
 
 def kill_matrix_row(folder: Path, root: Path) -> str | None:
@@ -171,7 +181,7 @@ def glance(results_dir: Path, invariants_dir: Path, out_dir: Path, root: Path) -
     rows += [
         row for row in (kill_matrix_row(invariants_dir, root), kill_matrix_row(invariants_dir / "base", root)) if row
     ]
-    rows += invariants_rows(invariants_dir / "lm", root, " (decoder-only)")  # docs/decoder-only.md
+    rows += decoder_only_row(invariants_dir / "lm", root)  # docs/decoder-only.md
     rows += [row for row in (kill_matrix_row(invariants_dir / "lm", root),) if row]
     rows += table3_rows(results_dir, out_dir, root) + bench_rows(out_dir / "bench.json", root)
     header = [
