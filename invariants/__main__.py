@@ -117,6 +117,9 @@ def list_all() -> None:
     print("\ndecoder-only models (--model lm-reference, hf-gpt2, hf-llama, hf-mistral, hf-qwen2, ...):")
     for prop in LM_PROPERTIES:
         print(f"{prop.group.split()[0]:>2}  {prop.name:<30} {prop.description}")
+    print()
+    for name, mutant in killmatrix.DECODER_ONLY.mutants.items():
+        print(f"lm-mutant:{name:<23} {mutant.bug}")
 
 
 def main(argv: list[str] | None = None) -> int:
