@@ -33,7 +33,7 @@ from invariants.lm.properties import LM_PROPERTIES
 from invariants.lm.subject import LMSubject
 from invariants.subject import Subject
 from invariants.suite import PROPERTIES, Interrupted, run_suite, select
-from model.lm.registry import is_decoder_only, parse_lm_spec
+from model.lm.registry import annotation_hint, is_decoder_only, parse_lm_spec
 from model.registry import ModelSpec, SpecError, default_spec, parse_config_overrides, parse_spec
 from plumbing.files import StorageError, writable_folder
 
@@ -172,7 +172,8 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         start = time.perf_counter()
         subject = LMSubject(spec, target) if decoder_only else Subject(spec, target)
     except (SpecError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        hint = annotation_hint(args.model or "") if not args.kill_matrix else ""
+        print(f"error: {exc}{hint}", file=sys.stderr)
         return 2
     partial = "" if len(properties) == len(pool) else f"{len(properties)} of {len(pool)} properties (--only)"
     try:

@@ -201,6 +201,11 @@ LM_ROW_SUM = Tolerance(
     "a float64 softmax row of <100 entries sums to 1 within ~1e-15",
     below_float64=Tolerance(1e-5, "a float32 softmax row of <100 entries sums to 1 within ~1e-6"),
 )
+ONE_MATRIX = Tolerance(
+    0.0,
+    "one matrix read twice: the same values to the last bit, and a change to one is a change to the other; any "
+    "difference means two matrices",
+)
 LM_INIT_LOSS = Tolerance(
     0.1,
     "|cross-entropy at initialisation / log(vocab) - 1|: near-uniform logits give log(vocab) plus about half their "

@@ -167,6 +167,25 @@ class CachePositionOffByOne(DecoderOnly):
 
 
 @lm_mutant(
+    "generate_positions_not_offset",
+    "generation gives the prompt and each new token their column as position, ignoring the prompts' left padding",
+    SMALL,
+    ("greedy_generation",),
+)
+class GeneratePositionsFromColumn(DecoderOnly):
+    @torch.no_grad()
+    def generate(self, ids: Tensor, pad: Tensor, steps: int) -> Tensor:
+        cache, (rows, length) = self.new_cache(), ids.shape
+        token = self(ids, pad, torch.arange(length).expand(rows, -1), cache)[:, -1:].argmax(-1)
+        tokens = [token]
+        while len(tokens) < steps:
+            pad = torch.cat([pad, pad.new_zeros(rows, 1)], 1)
+            token = self(token, pad, torch.full((rows, 1), pad.size(1) - 1), cache)[:, -1:].argmax(-1)
+            tokens.append(token)
+        return torch.cat(tokens, 1)
+
+
+@lm_mutant(
     "positions_argument_ignored",
     "the positions passed in ignored: positions taken from the column index",
     SMALL,

@@ -22,6 +22,7 @@ from model.registry import ModelSpec, SpecError
 
 LMFactory = Callable[[LMConfig], CausalLM]
 INIT_SEED = 0
+SHARPEN = 8.0  # matrices' scale in `sharpened`: attention peaks and logits spread without overflowing float32 parts
 
 
 def tiny_batch(cfg: LMConfig, batch: int = 2, length: int = 4) -> tuple[Tensor, Tensor]:
@@ -121,6 +122,20 @@ class LMSubject:
     def fresh(self, overrides: Overrides = OWN_CONFIG) -> CausalLM:
         """A float64 model at these overrides that a check may change: a copy of the cached one."""
         return copy.deepcopy(self.model(overrides))
+
+    def sharpened(self, overrides: Overrides = OWN_CONFIG) -> CausalLM:
+        """The float64 model at these overrides with its matrices times SHARPEN and noise on its vectors (biases, norm
+        gains), built once: at a 0.02 init attention is near uniform and the top logits close, so a token's pick
+        hardly depends on anything; here it does, and every parameter takes part."""
+        key = (("sharpened", *overrides.items()), torch.float64)
+        if key not in self._models:
+            model = copy.deepcopy(self.model(overrides))
+            with torch.no_grad(), seeded(INIT_SEED):
+                for p in model.parameters():
+                    if p.is_floating_point():
+                        p.mul_(SHARPEN) if p.dim() > 1 else p.add_(0.1 * torch.randn_like(p))
+            self._models[key] = model
+        return self._models[key]
 
     def lacks(self, *names: str) -> str | None:
         """Why the model lacks one of these capabilities (declared, or found by trying it once), or None."""

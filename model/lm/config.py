@@ -37,7 +37,7 @@ class LMConfig:
     norm: str = "layernorm"  # layernorm (section 3.1) | rmsnorm
     norm_position: str = "post"  # post (section 3.1) | pre
     ffn: str = "relu"  # relu (eq. 2) | gelu | swiglu
-    window: int = 0  # a query at position i sees keys j with i - window < j <= i; 0 = every earlier key
+    window: int = 0  # a query at sequence index i sees keys j with i - window < j <= i; 0 = every earlier key
     scale_embeddings: bool = True  # embeddings multiplied by sqrt(d_model) (section 3.4)
     tie_embeddings: bool = True  # one matrix for the embedding and the pre-softmax linear (section 3.4)
     bias: bool = True  # biases in the attention and FFN linears

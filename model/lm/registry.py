@@ -18,7 +18,8 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
-from model.lm.config import LMConfig, parse_lm_overrides
+from model.config import field_names as encoder_decoder_fields
+from model.lm.config import LMConfig, field_names, parse_lm_overrides
 from model.lm.protocol import CausalLM, missing_members
 from model.registry import ModelSpec, SpecError, _import, _load_adapters
 
@@ -111,6 +112,19 @@ def is_decoder_only(text: str) -> bool:
         return takes_lm_config(_import(target.strip(), variant.strip(), ModelSpec(target, variant)))
     except SpecError:
         return False
+
+
+def annotation_hint(text: str) -> str:
+    """What to add to a spec's error when it sets LMConfig fields that the encoder-decoders' config lacks (a decoder-only
+    factory without its annotation); '' otherwise."""
+    keys = {pair.partition("=")[0].strip() for pair in text.partition(",")[2].split(",")}
+    fields = sorted(keys & set(field_names()) - set(encoder_decoder_fields()))
+    if not fields:
+        return ""
+    return (
+        f" ({', '.join(fields)}: decoder-only config fields; a decoder-only factory annotates its argument: "
+        "def build(cfg: LMConfig), docs/decoder-only.md)"
+    )
 
 
 def lm_config(spec: ModelSpec) -> LMConfig:

@@ -10,10 +10,13 @@ from invariants.lm.cases import LMCase
 from invariants.lm.mutants import LM_MUTANTS
 from invariants.lm.properties import LM_PROPERTIES
 from invariants.lm.subject import LMSubject
+from invariants.profiles import EXAMPLES
 from invariants.suite import run_suite
 
 BY_NAME = {p.name: p for p in LM_PROPERTIES}
 QUICK = settings(settings.default, max_examples=3, phases=[p for p in Phase if p != Phase.shrink])
+# A mutant's verdict under the suite's own count of drawn cases (profile ci), without shrinking the failure found.
+AS_THE_SUITE = settings(QUICK, max_examples=EXAMPLES["ci"])
 BUGS = [name for name, mutant in LM_MUTANTS.items() if not mutant.control]
 
 
@@ -29,7 +32,7 @@ def test_the_reference_fails_no_property_and_skips_only_what_its_config_lacks(sp
 @pytest.mark.parametrize("name", BUGS)
 def test_decoder_only_mutant_fails_every_property_that_should_catch_it(name):
     subject = LMSubject(f"lm-mutant:{name}")
-    missed = [p for p in LM_MUTANTS[name].caught_by if BY_NAME[p](subject, settings=QUICK).verdict != FAIL]
+    missed = [p for p in LM_MUTANTS[name].caught_by if BY_NAME[p](subject, settings=AS_THE_SUITE).verdict != FAIL]
     assert not missed, f"{name} passed {missed}"
 
 
@@ -73,3 +76,21 @@ def test_hf_mistral_generation_departs_from_its_full_pass_at_window_1_only(windo
         BY_NAME["greedy_generation"].check(subject, LMCase({}, 2, 3, False, "left", False, s))[0] for s in range(4)
     ]
     assert (max(errors) > 1e-4) == departs
+
+
+NEWCOMER = "tests/invariants/newcomer_lm.py:build,rotary_layout=half,norm=rmsnorm,norm_position=pre"
+
+
+@pytest.mark.parametrize(
+    "extra", [",positions=rotary,ffn=swiglu,n_kv_heads=2,tie_embeddings=false,window=4", ",positions=none,ffn=gelu"]
+)
+def test_a_model_written_from_the_docs_alone_fails_no_property(extra):
+    results = run_suite(LMSubject(NEWCOMER + extra), LM_PROPERTIES, settings=QUICK)
+    assert [(r.name, r.verdict, r.reason) for r in results if r.verdict in (FAIL, ERROR)] == []
+
+
+def test_a_decoder_only_factory_without_its_annotation_is_told_to_add_it(tmp_path, capsys):
+    factory = tmp_path / "unannotated.py"
+    factory.write_text("from model.lm.reference import DecoderOnly\n\ndef build(cfg):\n    return DecoderOnly(cfg)\n")
+    assert main(["--model", f"{factory}:build,positions=rotary", "--out", str(tmp_path)]) == 2
+    assert "a decoder-only factory annotates its argument: def build(cfg: LMConfig)" in capsys.readouterr().err
