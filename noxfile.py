@@ -1,6 +1,6 @@
 """Entry points: `nox -s invariants` (the main job), `nox -s tests` (and its quick tier `nox -s tests_quick`),
-`nox -s lint`, `nox -s ablations`, `nox -s report`, `nox -s bench`, `nox -s tests_transformers5`, and on one GPU
-`nox -s bench_gpu` and `nox -s gpu_check`."""
+`nox -s lint`, `nox -s ablations`, `nox -s curves`, `nox -s report`, `nox -s bench`, `nox -s tests_transformers5`,
+and on one GPU `nox -s bench_gpu` and `nox -s gpu_check`."""
 
 import logging
 import os
@@ -115,6 +115,16 @@ def ablations(session: nox.Session) -> None:
     """Train and score Table 3 rows: nox -s ablations -- --budget smoke --rows all."""
     _install(session)
     session.run("python", "-m", "ablations", *session.posargs)
+
+
+# tensorboard brings protobuf 7, against the old protobuf that JoeyNMT (a test peer) asks for: the curves get a venv of
+# their own, and the test extra leaves tensorboard out (tests/ablations/test_curves.py skips its one test needing it).
+@nox.session(default=False)
+def curves(session: nox.Session) -> None:
+    """The runs' metrics as TensorBoard curves: nox -s curves -- runs/cpu --follow, then tensorboard --logdir
+    runs/cpu/tensorboard (the session's venv has it)."""
+    session.install("-e", ".[curves]")
+    session.run("python", "-m", "ablations.runs.curves", *(session.posargs or ["runs"]))
 
 
 @nox.session(default=False)
