@@ -30,7 +30,8 @@ from ablations.runs.folder import CHECKPOINT, Run, append_metrics, previous_chec
 from ablations.scoring.evaluate import perplexity
 from ablations.training.clock import Laps, StepClock
 from ablations.training.compiling import compile_model, compiles
-from ablations.training.distributed import SINGLE, Ranks, first_signal, shard, step_seed, sum_over_ranks, wrap
+from ablations.training.distributed import SINGLE, Ranks, first_signal, step_seed, sum_over_ranks, wrap
+from ablations.training.prefetch import Prefetcher, StepBatches
 from model import Transformer
 from model.batch import Batch
 from model.objective import ADAM_BETAS, ADAM_EPS, learning_rate
@@ -237,7 +238,7 @@ class Loop:
     model: nn.Module
     forward: Callable[..., Tensor]
     optimizer: torch.optim.Optimizer
-    stream: BatchStream
+    stream: BatchStream  # read by the prefetching thread while the loop runs: the steps read only its seed
     run: Run
     dev: tuple[list[list[int]], list[list[int]]]
     device: torch.device
@@ -270,7 +271,8 @@ def train(
     Data-parallel (ranks.parallel), every rank resumes from the same checkpoint, reads the same stream and
     trains on its share of each step's micro-batches; rank 0 alone logs, evaluates and checkpoints. The host waits
     for the device only at logging and checkpoint steps; data-parallel, that is also where the ranks agree on a stop,
-    so a stop signal ends the run at the next of those steps.
+    so a stop signal ends the run at the next of those steps. Each step's batches are prepared on a background thread
+    while the step before it runs (`Prefetcher`), off the step's clock.
     """
     loop, state = start(model, run, stream, dev, device, ranks)
     bar = tqdm(
@@ -282,12 +284,14 @@ def train(
         dynamic_ncols=True,
         disable=not ranks.main,
     )
-    try:  # the bar is closed however the loop ends (divergence, a stop, a full disk)
+    ahead = Prefetcher(stream, run.settings.steps - state.step, run.settings.accumulation, ranks, device)
+    try:  # the bar is closed and the prefetching thread ended however the loop ends (divergence, a stop, a full disk)
         window, clock = Laps(), StepClock(device)
         model.train()
         while state.step < run.settings.steps:
             with stopping.step():  # a stop signal lets the step finish: a checkpoint of it continues the run exactly
-                step = take_step(loop, state, clock)
+                step = take_step(loop, state, clock, ahead.take())
+                ahead.wait()  # the next step is prepared beside this one only, not beside logging, evaluation, saving
                 window = log_and_save(loop, state, step, clock, window, bar)
             # Every rank stops after the same step; agreeing on it is a collective, so data-parallel it waits for
             # the steps where the host waits for the device anyway.
@@ -299,6 +303,7 @@ def train(
             if on_step is not None:
                 on_step(state.step)
     finally:
+        ahead.close()
         bar.close()
     return state
 
@@ -323,30 +328,29 @@ def start(
     return Loop(model, forward, optimizer, stream, run, dev, device, ranks), state
 
 
-def take_step(loop: Loop, state: TrainState, clock: StepClock) -> Step:
-    """One timed optimizer step on the stream's next micro-batches at the warm-up learning rate (section 5.3); the
-    state advances past it."""
-    settings, stream, ranks = loop.run.settings, loop.stream, loop.ranks
-    clock.start()  # each step timed from its own start: evaluation, saving and logging are not steps
-    micro = [stream.next() for _ in range(settings.accumulation)]
+def take_step(loop: Loop, state: TrainState, clock: StepClock, data: StepBatches) -> Step:
+    """One timed optimizer step on the step's micro-batches, prepared beforehand (`Prefetcher`), at the warm-up
+    learning rate (section 5.3); the state advances past it, to the stream's position after those batches."""
+    settings, ranks = loop.run.settings, loop.ranks
+    clock.start()  # each step timed from its own start: evaluation, saving, logging and preparing data are not steps
     if ranks.parallel:  # each rank its own dropout masks, the same ones again after a resume
-        torch.manual_seed(step_seed(stream.seed, state.step, ranks.rank))
+        torch.manual_seed(step_seed(loop.stream.seed, state.step, ranks.rank))
     lr = learning_rate(state.step + 1, loop.model.config.d_model, settings.warmup, settings.lr_peak)
     graphs = compiles()
     step_loss = train_step(
         loop.forward,
         loss_of(loop.model),
         loop.optimizer,
-        [b.to(loop.device) for b in shard(micro, ranks)],
+        data.batches,
         lr,
         settings.autocast,
-        sum(b.tgt_tokens for b in micro),
+        data.tgt_tokens,
         ranks,
     )
-    tokens = sum(b.src_tokens + b.tgt_tokens for b in micro)
+    tokens = data.src_tokens + data.tgt_tokens
     clock.lap(compiles() - graphs, tokens)
     state.step, state.tokens_seen = state.step + 1, state.tokens_seen + tokens
-    state.epoch, state.index = stream.epoch, stream.index
+    state.epoch, state.index = data.epoch, data.index
     logged = state.step % settings.log_every == 0 or state.step == settings.steps
     saved = state.step % settings.checkpoint_every == 0 or state.step == settings.steps
     return Step(step_loss, lr, logged, saved)
