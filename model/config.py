@@ -59,22 +59,28 @@ class TransformerConfig:
 
     def replace(self, **changes: object) -> TransformerConfig:
         """A copy with some fields changed; unknown field names are a one-line error."""
-        unknown = sorted(set(changes) - set(field_names()))
-        if unknown:
-            raise ValueError(f"unknown config field(s) {', '.join(unknown)}; valid fields: {', '.join(field_names())}")
-        return dataclasses.replace(self, **changes)
+        return replaced(self, changes)
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
 
-def field_names() -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(TransformerConfig))
+def field_names(config_class: type = TransformerConfig) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(config_class))
 
 
-def parse_overrides(pairs: dict[str, str]) -> dict[str, object]:
-    """Turn 'key=value' strings into typed config changes ('h=4' -> {'h': 4})."""
-    types = {f.name: f.type for f in dataclasses.fields(TransformerConfig)}
+def replaced(config, changes: dict[str, object]):
+    """A copy of a config dataclass with some fields changed; unknown field names are a one-line ValueError."""
+    names = field_names(type(config))
+    unknown = sorted(set(changes) - set(names))
+    if unknown:
+        raise ValueError(f"unknown config field(s) {', '.join(unknown)}; valid fields: {', '.join(names)}")
+    return dataclasses.replace(config, **changes)
+
+
+def parse_overrides(pairs: dict[str, str], config_class: type = TransformerConfig) -> dict[str, object]:
+    """Turn 'key=value' strings into typed changes of a config dataclass ('h=4' -> {'h': 4})."""
+    types = {f.name: f.type for f in dataclasses.fields(config_class)}
     changes: dict[str, object] = {}
     for key, text in pairs.items():
         if key not in types:

@@ -156,8 +156,9 @@ def format_config_overrides(overrides: Mapping[str, object]) -> str:
     return ",".join(f"{key}={value}" for key, value in overrides.items())
 
 
-def parse_config_overrides(text: str, where: str = "") -> dict[str, object]:
-    """Typed config fields from 'key=value,key=value' ('' gives {}); a bad pair is a SpecError naming `where`."""
+def parse_config_overrides(text: str, where: str = "", config_class: type = TransformerConfig) -> dict[str, object]:
+    """Typed fields of `config_class` from 'key=value,key=value' ('' gives {}); a bad pair is a SpecError naming
+    `where`."""
     raw: dict[str, str] = {}
     for pair in filter(None, (part.strip() for part in text.split(","))):
         key, eq, value = pair.partition("=")
@@ -169,7 +170,7 @@ def parse_config_overrides(text: str, where: str = "") -> dict[str, object]:
             )
         raw[key.strip()] = value.strip()
     try:
-        return parse_overrides(raw)
+        return parse_overrides(raw, config_class)
     except ValueError as exc:
         raise SpecError(f"{where or repr(text)}: {exc}") from None
 

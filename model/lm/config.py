@@ -11,6 +11,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from model.config import field_names as config_fields
+from model.config import replaced
+
 POSITIONS = ("sinusoidal", "learned", "rotary", "none")
 # Which dimensions a rotation pairs: "interleaved" pairs (2i, 2i+1) as RoFormer writes it (eq. 14); "half" pairs
 # (i, i + d/2), the GPT-NeoX layout that HuggingFace's Llama, Mistral and Qwen2 use ("rotate_half").
@@ -92,17 +95,14 @@ class LMConfig:
 
     def replace(self, **changes: object) -> LMConfig:
         """A copy with some fields changed; unknown field names are a one-line error."""
-        unknown = sorted(set(changes) - set(field_names()))
-        if unknown:
-            raise ValueError(f"unknown config field(s) {', '.join(unknown)}; valid fields: {', '.join(field_names())}")
-        return dataclasses.replace(self, **changes)
+        return replaced(self, changes)
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
 
 def field_names() -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(LMConfig))
+    return config_fields(LMConfig)
 
 
 # Named configs: the paper's decoder at a small size, its modern counterpart, and sizes users train.
@@ -139,24 +139,3 @@ def lm_preset(name: str) -> LMConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown decoder-only preset {name!r}; known: {', '.join(PRESETS)}")
     return PRESETS[name]
-
-
-def parse_lm_overrides(pairs: dict[str, str]) -> dict[str, object]:
-    """Turn 'key=value' strings into typed LMConfig changes ('n_heads=4' -> {'n_heads': 4})."""
-    types = {f.name: f.type for f in dataclasses.fields(LMConfig)}
-    changes: dict[str, object] = {}
-    for key, text in pairs.items():
-        if key not in types:
-            raise ValueError(f"unknown config field {key!r}; valid fields: {', '.join(types)}")
-        try:
-            if types[key] == "bool":
-                if text.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError
-                changes[key] = text.lower() in ("true", "1")
-            elif types[key] in ("int", "float"):
-                changes[key] = {"int": int, "float": float}[types[key]](text)
-            else:
-                changes[key] = text
-        except ValueError:
-            raise ValueError(f"config field {key}={text!r} is not a valid {types[key]}") from None
-    return changes

@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from model.config import field_names as encoder_decoder_fields
-from model.lm.config import LMConfig, field_names, parse_lm_overrides
+from model.lm.config import LMConfig, field_names
 from model.lm.protocol import CausalLM, missing_members
-from model.registry import ModelSpec, SpecError, _import, _load_adapters
+from model.registry import ModelSpec, SpecError, _import, _load_adapters, parse_config_overrides
 
 TAKES = ("preset", "name", "path")
-ADAPTERS = ("model.lm.reference", "model.lm.hf")  # imported when a decoder-only name is looked up
+# The shipped adapters and the names they register start with, imported only when such a name is looked up (the hf
+# one imports transformers, which a check of another model must not pay for, nor need installed).
+ADAPTERS = (("model.lm.reference", "lm-"), ("model.lm.hf", "hf-"))
 
 
 @dataclass(frozen=True)
@@ -62,9 +64,9 @@ def lookup_lm(name: str) -> LMEntry | None:
     """The decoder-only entry registered under `name` (importing the shipped adapters first), else None."""
     if "." in name or "/" in name:
         return None
-    for module in ADAPTERS:
-        if name in LM_REGISTRY:
-            break
+    for module, prefix in ADAPTERS:
+        if name in LM_REGISTRY or not name.startswith(prefix):
+            continue
         try:
             importlib.import_module(module)
         except ImportError:  # transformers missing: hf-* names stay unknown, and the error names the extra
@@ -76,18 +78,7 @@ def parse_lm_spec(text: str) -> ModelSpec:
     """A decoder-only spec string as typed values (overrides typed by LMConfig's fields); a bad one is a SpecError."""
     head, _, pairs = text.strip().partition(",")
     target, _, variant = head.strip().partition(":")
-    raw: dict[str, str] = {}
-    for pair in filter(None, (part.strip() for part in pairs.split(","))):
-        key, eq, value = pair.partition("=")
-        if not eq or not key.strip():
-            raise SpecError(f"model spec {text!r}: override {pair!r} is not key=value")
-        if key.strip() in raw:
-            raise SpecError(f"model spec {text!r}: {key.strip()} is given twice; give it once")
-        raw[key.strip()] = value.strip()
-    try:
-        return ModelSpec(target, variant or None, parse_lm_overrides(raw))
-    except ValueError as exc:
-        raise SpecError(f"model spec {text!r}: {exc}") from None
+    return ModelSpec(target, variant or None, parse_config_overrides(pairs, f"model spec {text!r}", LMConfig))
 
 
 def takes_lm_config(factory: object) -> bool:

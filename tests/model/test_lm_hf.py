@@ -200,5 +200,5 @@ def test_without_transformers_the_adapter_is_an_import_error_that_the_registry_p
         monkeypatch.delitem(sys.modules, name)
     with pytest.raises(ImportError):
         importlib.import_module("model.lm.hf")
-    monkeypatch.setattr(registry, "ADAPTERS", ("model.lm.hf",))
-    assert lookup_lm("no-such-model") is None
+    monkeypatch.setattr(registry, "ADAPTERS", (("model.lm.hf", "hf-"),))
+    assert lookup_lm("hf-no-such-model") is None
