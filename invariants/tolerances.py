@@ -208,7 +208,8 @@ ONE_MATRIX = Tolerance(
 )
 LM_INIT_LOSS = Tolerance(
     0.1,
-    "|cross-entropy at initialisation / log(vocab) - 1|: near-uniform logits give log(vocab) plus about half their "
-    "variance (seen: <= 0.03 for the reference and HF GPT-2, Llama, Mistral, Qwen2 at their 0.02 inits, from 23 to "
-    "50,257 tokens); logits scaled up by sqrt(d_model) or a wrongly scaled output layer put it above 0.3",
+    "|cross-entropy at initialisation / log(vocab) - 1| over 512 random tokens: near-uniform logits give log(vocab) "
+    "plus about half their variance (seen, profile thorough, 201 cases each: <= 0.013 for the reference at small, "
+    "modern and gpt2-small and HF GPT-2, Llama, Mistral, Qwen2 at their 0.02 inits, 23 to 50,257 tokens); the output "
+    "layer scaled by sqrt(d_model) puts it at 6.2",
 )
