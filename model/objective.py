@@ -115,7 +115,11 @@ class _LinearLabelSmoothedLoss(torch.autograd.Function):
         return grad_h * grad.to(grad_h.dtype), grad_w * grad.to(grad_w.dtype), None, None, None
 
 
-@torch.compiler.disable  # a loop over a number of chunks that follows the batch's size: compiled, every size recompiles
+# Not compiled: a loop over a number of chunks that follows the batch's size, which would recompile at every size.
+# torch._disable_dynamo is torch.compiler.disable importing torch._dynamo (2 s of CPU) at the first call, not here:
+# a process that imports the model and never trains or compiles (the invariants, the reports) no longer pays for it.
+# Under torch.compile the graph breaks at this call as before (the same graphs: tests/ablations/test_gpu_path.py).
+@torch._disable_dynamo
 def linear_label_smoothed_loss(hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int, eps: float) -> Tensor:
     """`label_smoothed_loss` of the logits hidden @ weight^T (the pre-softmax linear, section 3.4) without holding
     them all: at a 37k vocabulary and 25k target positions their float32 copy alone is 3.7 GB. Under autocast the

@@ -39,6 +39,12 @@ SERIAL = "serial"  # the group of the tests marked serial: one after another, on
 GROUP = "xdist_group"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """xdist registers its xdist_group mark; registered here too, a module's own group mark (test_bench_gpu.py's) still
+    passes --strict-markers where xdist is not loaded (-p no:xdist)."""
+    config.addinivalue_line("markers", f"{GROUP}(name): run these tests on one worker (pytest-xdist's loadgroup)")
+
+
 def shares_a_module_fixture(item: pytest.Item) -> bool:
     """Whether the test uses a class or module fixture of the suite's own (pytest's and plugins' have no baseid)."""
     defs = getattr(item, "_fixtureinfo", None)

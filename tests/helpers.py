@@ -10,6 +10,7 @@ on CPU with a fixed thread count, and the two cores of CI are shared by the proc
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ from ablations.data.corpora import ENV_VAR
 from ablations.grid.runner import prepare_data
 from ablations.runs import folder as R
 from ablations.runs.budgets import BUDGETS
+from ablations.training.train import make_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_DATA = Path(
@@ -107,6 +109,36 @@ def run_ablations(
     """`python -m ablations run ...` (or under a launcher such as torchrun) on the smoke budget; output captured."""
     command = [*(launcher or (sys.executable,)), "-m", "ablations", *ablations_argv(runs, rows, *extra)]
     return subprocess.run(command, cwd=REPO, env=environment(), capture_output=True, text=True, timeout=300)
+
+
+FORK = multiprocessing.get_context("fork")
+
+
+def _ablations_here(argv: list[str], log: str) -> None:
+    """`python -m ablations ARGV` in a forked child, as run_ablations starts it (working directory, environment), its
+    output into log."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout, sys.stderr = os.fdopen(1, "w", buffering=1), os.fdopen(2, "w", buffering=1)
+    os.chdir(REPO)
+    os.environ.update({k: v for k, v in environment().items() if k != "PYTHONPATH"})
+    from ablations.__main__ import main
+
+    sys.exit(main(argv))
+
+
+def run_ablations_forked(runs: Path, rows: str = "base", *extra: str) -> tuple[int, str]:
+    """`python -m ablations run ...` as run_ablations runs it, in a process forked from this one: a real process of
+    its own (pid, signal handlers, one thread), without the 4-6 s of CPU a fresh interpreter spends importing torch
+    and the runner. For a run that a test compares against, not for the process under test. Returns its exit code
+    and its output."""
+    make_optimizer(torch.nn.Linear(1, 1), torch.device("cpu"))  # what Adam imports (torch._dynamo), once, not per fork
+    log = runs.parent / f"{runs.name}.log"
+    child = FORK.Process(target=_ablations_here, args=(ablations_argv(runs, rows, *extra), str(log)))
+    child.start()
+    child.join(timeout=300)
+    return child.exitcode, log.read_text(errors="replace")
 
 
 def only_run(runs: Path, seed: str = "") -> Path:

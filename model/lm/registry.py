@@ -21,7 +21,7 @@ from typing import Callable
 from model.config import field_names as encoder_decoder_fields
 from model.lm.config import LMConfig, field_names
 from model.lm.protocol import CausalLM, missing_members
-from model.registry import ModelSpec, SpecError, _import, _load_adapters, parse_config_overrides
+from model.registry import ModelSpec, SpecError, _import, parse_config_overrides
 
 TAKES = ("preset", "name", "path")
 # The shipped adapters and the names they register start with, imported only when such a name is looked up (the hf
@@ -96,7 +96,6 @@ def is_decoder_only(text: str) -> bool:
     target, _, variant = text.strip().partition(",")[0].partition(":")
     if lookup_lm(target.strip()) is not None:
         return True
-    _load_adapters(until=target.strip())
     if not variant or ("." not in target and "/" not in target):
         return False
     try:

@@ -94,8 +94,14 @@ def test_a_warm_up_still_running_when_the_time_limit_comes_is_abandoned_and_said
     assert entries[0].status == TIME_UP
 
 
+# The two tests that compile the tiny reference run on one xdist worker, one after the other: tracing it (14 graph breaks
+# at the CPU's attention kernel) takes about 20 s of CPU, and the second finds dynamo's cache of the first's graphs.
+SAME_COMPILE = pytest.mark.xdist_group("bench_gpu_compiled")
+
+
 @pytest.mark.filterwarnings("ignore:Dynamo does not know how to trace")  # the CPU's attention kernel: a graph break
 @pytest.mark.slow
+@SAME_COMPILE
 def test_a_compiled_entry_counts_its_compiling_in_warm_up_apart_from_its_timed_steps():
     entries, models, notes = build_entries(
         CFG, ("reference",), ("eager", "compiled"), "default", (), torch.device("cpu"), None, compile_backend="eager"
@@ -208,7 +214,7 @@ def profiled(mode: str) -> dict:
 
 
 @pytest.mark.filterwarnings("ignore:Dynamo does not know how to trace")  # the CPU's attention kernel: a graph break
-@pytest.mark.parametrize("mode", ["eager", pytest.param("compiled", marks=pytest.mark.slow)])  # tracing: 20 s
+@pytest.mark.parametrize("mode", ["eager", pytest.param("compiled", marks=[pytest.mark.slow, SAME_COMPILE])])
 def test_a_profiled_step_ranks_its_top_operators_by_self_cpu_time_on_the_cpu(mode):
     record = profiled(mode)
     assert record["status"] == "measured" and record["ranked"] == "operators by self CPU time"

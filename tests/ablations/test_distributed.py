@@ -35,6 +35,7 @@ from tests.helpers import (
     only_run,
     result,
     run_ablations,
+    run_ablations_forked,
     runs_folder,
     smoke_cache,
 )
@@ -148,8 +149,8 @@ def single(tmp_path_factory):
     """One process, two micro-batches per step (the global batch the two ranks split between them), seeds 1 and 2."""
     cache = smoke_cache(tmp_path_factory)
     runs = runs_folder(tmp_path_factory.mktemp("single"), cache)
-    done = run_ablations(runs, ROW, "--accumulation", "2", "--seeds", "1,2")
-    assert done.returncode == 0, done.stderr[-3000:]
+    code, output = run_ablations_forked(runs, ROW, "--accumulation", "2", "--seeds", "1,2")  # forked: no imports
+    assert code == 0, output[-3000:]
     return {seed: only_run(runs, f"s{seed}") for seed in (1, 2)}, cache
 
 

@@ -70,7 +70,11 @@ def cached_after_reorder(subject: LMSubject, case: LMCase) -> float | tuple[floa
     DECODING,
     AGREEMENT,
     pinned=lambda s: [c for c in pinned_lm_cases(s) if not c.padded or c.side == "left"],
-    cases=lambda s: lm_cases(s, sides=("left",), padded=None if "left" in s.padding_sides else False),
+    cases=lambda s: (
+        lm_cases(s, sides=("left",), padded=True, min_batch=2)
+        if "left" in s.padding_sides
+        else lm_cases(s, padded=False)
+    ),
     needs=("generate",),
 )
 def greedy_generation(subject: LMSubject, case: LMCase) -> float | tuple[float, str]:
