@@ -119,7 +119,7 @@ def test_the_tests_part_runs_the_cuda_only_tests_first_then_the_device_sensitive
     tests = next(p for p in plan(o) if p.name == "tests")
     assert [s.name for s in tests.stages] == ["cuda-only", "device-sensitive", "the rest"]
     first, device, rest = (s.command for s in tests.stages)
-    assert first[-4:] == ("-m", "cuda", *gpu_check.CUDA_TESTS)
+    assert first[-2 - len(gpu_check.CUDA_TESTS) :] == ("-m", "cuda", *gpu_check.CUDA_TESTS)
     assert all(path in device for path in gpu_check.DEVICE_TESTS) and all((REPO / p).is_file() for p in device[-4:])
     assert all(f"--ignore={path}" in rest for path in gpu_check.DEVICE_TESTS) and "not cuda" in rest
     assert tests.env["AIAYN_DATA"] == str(REAL_DATA)  # the tests that read the corpora run, not skip
