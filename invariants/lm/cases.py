@@ -9,8 +9,8 @@ import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
-from invariants.lm.subject import LMSubject, lm_tokens
-from invariants.subject import OWN_CONFIG, Overrides
+from invariants.lm.subject import LMSubject
+from invariants.subject import OWN_CONFIG, Overrides, tokens
 from model.lm.config import LMConfig
 from model.registry import format_config_overrides
 
@@ -54,7 +54,7 @@ class LMCase:
         """(ids, pad): random non-pad tokens; with padding, rows after the first hold 1 .. length real tokens."""
         cfg = subject.model(self.config).config
         gen = torch.Generator().manual_seed(self.seed)
-        ids = lm_tokens(cfg, (self.batch, self.length), gen)
+        ids = tokens(cfg, (self.batch, self.length), gen)
         pad = torch.zeros(self.batch, self.length, dtype=torch.bool)
         if self.padded:
             for b in range(1, self.batch):

@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 
 from invariants import precision
-from invariants.guard import HarnessLimit, harness_stop
-from invariants.subject import OWN_CONFIG, Overrides, Refused, seeded
+from invariants.guard import harness_stop
+from invariants.subject import OWN_CONFIG, Overrides, Refused, seeded, tokens
 from model.lm.config import LMConfig
 from model.lm.protocol import PADDING_SIDES, CausalLM
 from model.lm.registry import lm_config, load_lm, parse_lm_spec
@@ -28,18 +28,10 @@ SHARPEN = 8.0  # matrices' scale in `sharpened`: attention peaks and logits spre
 def tiny_batch(cfg: LMConfig, batch: int = 2, length: int = 4) -> tuple[Tensor, Tensor]:
     """(ids, pad): `batch` rows of non-pad tokens, the last row left-padded by one."""
     gen = torch.Generator().manual_seed(0)
-    ids = lm_tokens(cfg, (batch, length), gen)
+    ids = tokens(cfg, (batch, length), gen)
     pad = torch.zeros(batch, length, dtype=torch.bool)
     pad[-1, 0] = batch > 1
     return ids.masked_fill(pad, cfg.pad_id), pad
-
-
-def lm_tokens(cfg: LMConfig, shape: tuple[int, ...], gen: torch.Generator) -> Tensor:
-    """Random token ids other than pad_id; a vocabulary of fewer than 2 is the harness's limit."""
-    if cfg.vocab_size < 3:
-        raise HarnessLimit(f"not applicable at vocab_size={cfg.vocab_size}: the checks sample at least 2 tokens")
-    ids = torch.randint(0, cfg.vocab_size - 1, shape, generator=gen)
-    return ids + (ids >= cfg.pad_id).long()
 
 
 def probe(model: CausalLM, capability: str) -> None:

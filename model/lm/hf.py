@@ -27,7 +27,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask  # noq
 from model.layers import temporarily  # noqa: E402
 from model.lm.config import LMConfig, lm_preset  # noqa: E402
 from model.lm.hf_config import FAMILIES, hf_config, read_lm_config  # noqa: E402
-from model.lm.protocol import LMAttentionRecord  # noqa: E402
+from model.lm.protocol import LMAttentionRecord, default_positions  # noqa: E402
 from model.lm.registry import register_lm  # noqa: E402
 
 transformers.logging.set_verbosity_error()  # no notes on padding side, generation flags or tied weights
@@ -58,7 +58,7 @@ AttentionMaskInterface.register(RECORDING, _recording_mask)
 def positions_from_pad(pad: Tensor, length: int) -> Tensor:
     """Each token's position counted from its row's first real token, over the whole pad (cached and new), for the
     last `length` columns: HF's generate does the same (generation/utils.py:604) but puts pads at 1, here at 0."""
-    return ((~pad).long().cumsum(1) - 1).clamp(min=0)[:, pad.size(1) - length :]
+    return default_positions(pad)[:, pad.size(1) - length :]
 
 
 class HFCausalLM(nn.Module):

@@ -84,6 +84,12 @@ class CausalLM(Protocol):
     def to(self, *args, **kwargs) -> CausalLM: ...
 
 
+def default_positions(pad: Tensor) -> Tensor:
+    """What positions=None means: (B, T) the count of real tokens before each token in its row, cumsum(~pad) - 1
+    (left padding sits at 0)."""
+    return ((~pad).long().cumsum(1) - 1).clamp(min=0)
+
+
 MEMBERS = (
     *CausalLM.__annotations__,
     *(name for name, value in vars(CausalLM).items() if callable(value) and not name.startswith("_")),

@@ -17,7 +17,7 @@ from model.cache import KVCache
 from model.init import NORMAL_STD
 from model.layers import sinusoidal_table
 from model.lm.config import LMConfig, lm_preset
-from model.lm.protocol import LMAttentionRecord
+from model.lm.protocol import LMAttentionRecord, default_positions
 from model.lm.registry import register_lm
 from model.lm.rotary import rotary_angles, rotate
 
@@ -113,11 +113,6 @@ class Block(nn.Module):
             return x + self.dropout(self.ffn(self.norm_ffn(x)))
         x = self.norm_attn(x + self.dropout(self.attn(x, allowed, rotation, cache)))
         return self.norm_ffn(x + self.dropout(self.ffn(x)))
-
-
-def default_positions(pad: Tensor) -> Tensor:
-    """(B, T) each token's position counted from 0 at its row's first real token (left padding sits at 0)."""
-    return ((~pad).long().cumsum(1) - 1).clamp(min=0)
 
 
 def allowed_keys(pad: Tensor, queries: int, window: int) -> Tensor:

@@ -11,8 +11,8 @@ from invariants import tolerances as tol
 from invariants.lm.cases import LMCase, lm_cases, pinned_lm_cases
 from invariants.lm.groups import OUTPUT
 from invariants.lm.properties import lm_invariant
-from invariants.lm.subject import LMSubject, lm_tokens
-from invariants.subject import relative_error
+from invariants.lm.subject import LMSubject
+from invariants.subject import relative_error, tokens
 
 
 @lm_invariant(
@@ -56,7 +56,7 @@ def loss_at_init(subject: LMSubject, case: LMCase) -> float | tuple[float, str]:
     """
     model = subject.model(case.config)
     cfg = model.config
-    ids = lm_tokens(cfg, (ROWS, min(COLUMNS, cfg.max_len)), torch.Generator().manual_seed(case.seed))
+    ids = tokens(cfg, (ROWS, min(COLUMNS, cfg.max_len)), torch.Generator().manual_seed(case.seed))
     model.eval()
     logits = model(ids, torch.zeros_like(ids, dtype=torch.bool))[:, :-1]
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).double(), ids[:, 1:].flatten()).item()

@@ -14,14 +14,10 @@ from invariants.lm.measure import real_error, recorded
 from invariants.lm.properties import lm_invariant
 from invariants.lm.subject import LMSubject
 from invariants.subject import relative_error
+from model.lm.protocol import default_positions
 
 AGREEMENT = tol.AGREEMENT[torch.float64]
 MAX_SHIFT = 16
-
-
-def counted(pad: Tensor) -> Tensor:
-    """Each token's position counted from 0 at its row's first real token (what positions=None means)."""
-    return ((~pad).long().cumsum(1) - 1).clamp(min=0)
 
 
 def rotary_only(subject: LMSubject) -> str | None:
@@ -54,7 +50,7 @@ def rotary_relative(subject: LMSubject, case: LMCase) -> float | tuple[float, st
     model, (ids, pad) = subject.model(case.config), case.make_batch(subject)
     shift = 1 + case.seed % min(MAX_SHIFT, model.config.max_len - case.length)
     model.eval()
-    error = real_error(model(ids, pad, counted(pad) + shift), model(ids, pad, counted(pad)), pad)
+    error = real_error(model(ids, pad, default_positions(pad) + shift), model(ids, pad, default_positions(pad)), pad)
     return error, f"every position shifted by {shift}"
 
 
@@ -69,7 +65,7 @@ def rotary_relative(subject: LMSubject, case: LMCase) -> float | tuple[float, st
 def rotary_rotation(subject: LMSubject, case: LMCase) -> float | tuple[float, str]:
     """The first layer's queries and keys at position p are those at position 0 turned by RoFormer's rotation in the declared layout and base (eqs. 14-15): norms kept, on the values nothing."""
     model, (ids, pad) = subject.model(case.config), case.make_batch(subject)
-    cfg, positions = model.config, counted(pad) + case.seed % MAX_SHIFT
+    cfg, positions = model.config, default_positions(pad) + case.seed % MAX_SHIFT
     at_zero = recorded(model, ids, pad, torch.zeros_like(positions))[0]  # the rotation at position 0 is the identity
     at_p = recorded(model, ids, pad, positions)[0]
     real = ~pad[:, None, :, None]
