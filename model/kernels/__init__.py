@@ -150,7 +150,10 @@ def build_or_load() -> ModuleType | None:
         ):  # the pinned ninja sits beside this Python, not on PATH unless its venv is active
             os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         if not built_on_disk(build):
-            print("building the attention kernels (once per CPU and torch installation, 30-110 s) ...", file=sys.stderr)
+            print(
+                "building the attention kernels (once per CPU and torch installation, about half a minute) ...",
+                file=sys.stderr,
+            )
         flags = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
         return load(
             name=name, sources=[str(f) for f in SOURCES], extra_cflags=flags, build_directory=str(build), verbose=False

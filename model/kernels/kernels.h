@@ -2,7 +2,9 @@
 // (model/kernel.py), and the helpers they share.
 #pragma once
 
-#include <torch/extension.h>
+// ATen only: torch/extension.h (the whole C++ API and pybind11) is most of a file's compile time, and only
+// attention.cpp, which binds the Python module, needs it.
+#include <ATen/ATen.h>
 
 #include <cstdint>
 #include <cstring>

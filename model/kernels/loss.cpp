@@ -3,7 +3,7 @@
 // large; here the forward reads each row twice (its maximum, then its sums) and writes two numbers per row, and the
 // backward reads it once and writes the gradient. Built with attention_kernel.cpp (model/kernel.py).
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cmath>

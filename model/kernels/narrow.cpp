@@ -5,7 +5,7 @@
 // small matrix product done eight output rows at a time, each row one vector register, and the softmax runs along the
 // keys eight at a time. Compiled with -ffast-math (model/kernel.py); see attention_kernel.cpp on what that assumes.
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
 // The decoding cache's reorder for beam search (model/kernel.py: reorder_rows), built with attention_kernel.cpp.
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cstdint>
