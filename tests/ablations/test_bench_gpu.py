@@ -143,7 +143,7 @@ def test_a_bad_flag_is_one_line_naming_the_problem_and_the_fix(argv, message, ca
 
 
 def test_other_attention_backends_are_timed_only_on_request(tmp_path):
-    out = ["--device", "cpu", "--out", str(tmp_path / "report.md")]
+    out = ["--device", "cpu", "--out", str(tmp_path / "report.md"), "--data", str(tmp_path)]  # any folder: not read
     assert gpu.parse(out).backends == ()
     assert gpu.parse([*out, "--backends", "cudnn,math"]).backends == ("cudnn", "math")
     assert gpu.parse([*out, "--backends", "all"]).backends == SDPA_BACKENDS

@@ -121,7 +121,7 @@ def test_ddp_forced_at_world_one_joins_a_process_group_wraps_the_model_and_all_r
 def test_ddp_without_torchruns_environment_is_a_one_line_error(monkeypatch, capsys, tmp_path):
     for name in TORCHRUN_ONE:
         monkeypatch.delenv(name, raising=False)
-    assert main(["run", "--ddp", "--device", "cpu", "--runs", str(tmp_path)]) == 2
+    assert main(["run", "--ddp", "--device", "cpu", "--runs", str(tmp_path), "--data", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --ddp: no torchrun environment (RANK and WORLD_SIZE are not set); ")
     assert err.count("\n") == 1
