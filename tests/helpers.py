@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -45,6 +46,12 @@ def needs_cuda(test: Callable) -> Callable:
 # Training steps of the CLI tests: logs at 4, 8, 12, checkpoints at 8 and 12, dev perplexity at 12 (smoke budget).
 STEPS = 12
 DEV_PAIRS = 20  # scored for PPL and BLEU: beam search over the budget's 100 would take most of a test's time
+
+
+def doc_block(first_line: str, page: str = "plugging-in.md") -> str:
+    """The code block of docs/PAGE whose first line starts with first_line: what a user copies from the docs."""
+    blocks = re.findall(r"^```\w*\n(.*?)^```", (REPO / "docs" / page).read_text(), flags=re.S | re.M)
+    return next(block for block in blocks if block.startswith(first_line))
 
 
 def few(examples: int = 3) -> settings:

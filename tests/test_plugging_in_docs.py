@@ -3,21 +3,14 @@ and passes the cache and attention checks it claims; the config table lists ever
 
 from __future__ import annotations
 
-import re
-
 from invariants.engine import FAIL, PASS
 from invariants.suite import run_suite, select
 from model.config import field_names
-from tests.helpers import REPO
+from tests.helpers import REPO, doc_block
 
 PAGE = REPO / "docs" / "plugging-in.md"
 SMALL = "N=1,d_model=16,h=2,d_k=8,d_v=8,d_ff=32,vocab_size=50,max_len=64"
 CLAIMED = ["cached_decoding", "causal_future_probs", "softmax_rows", "padding_probs_zero", "causal_future_tokens"]
-
-
-def doc_block(first_line: str) -> str:
-    blocks = re.findall(r"^```\w*\n(.*?)^```", PAGE.read_text(), flags=re.S | re.M)
-    return next(block for block in blocks if block.startswith(first_line))
 
 
 def test_the_scratch_example_supports_the_cache_and_capture_and_passes_their_checks(tmp_path):
