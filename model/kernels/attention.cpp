@@ -6,7 +6,7 @@
 // assume that no value is NaN or infinite: nothing here makes one on purpose (a masked key's score is the lowest
 // finite value, which stays finite when the row's maximum is subtracted), and a query whose scores are not all finite
 // is found by the bits of its scores and gets a NaN output, as a broken model's would on the torch path.
-#include <torch/extension.h>
+#include <torch/python.h>  // pybind11 and the tensor casters; not torch/extension.h, the whole C++ API
 #include <ATen/Parallel.h>
 
 #include "kernels.h"

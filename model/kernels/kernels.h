@@ -2,8 +2,8 @@
 // (model/kernel.py), and the helpers they share.
 #pragma once
 
-// ATen only: torch/extension.h (the whole C++ API and pybind11) is most of a file's compile time, and only
-// attention.cpp, which binds the Python module, needs it.
+// ATen only: torch's C++ API and pybind11 are most of a file's compile time, and only attention.cpp, which binds
+// the Python module, includes pybind11 (torch/python.h).
 #include <ATen/ATen.h>
 
 #include <cstdint>
