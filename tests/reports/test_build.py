@@ -74,9 +74,13 @@ def reports_argv(root: Path, results: str = "results", invariants: str = "invari
     return ["--results", str(root / results), "--invariants", str(root / invariants), "--out", str(root / "out")]
 
 
-def build_drawn(root: Path, results: str = "results", invariants: str = "invariants") -> tuple[int, dict]:
-    """A build whose figures are kept by file name, to read back, with what it printed on stderr under "stderr"."""
-    drawn, save = {}, figures._save
+def build_drawn(
+    root: Path, results: str = "results", invariants: str = "invariants", render: bool = True
+) -> tuple[int, dict]:
+    """A build whose figures are kept by file name, to read back, with what it printed on stderr under "stderr";
+    without render, the figures are not written to PNG (most of a build's time; the `built` fixture's build writes
+    them)."""
+    drawn, save = {}, figures._save if render else (lambda fig, path: figures.plt.close(fig) or fig)
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(io.StringIO()) as err:
         patch.setattr(figures, "_save", lambda fig, path: drawn.setdefault(path.name, save(fig, path)))
         code = main(reports_argv(root, results, invariants))
@@ -265,7 +269,7 @@ def test_a_damaged_invariants_report_is_one_line_naming_it(tmp_path, capsys):
 def test_two_budgets_that_translate_get_one_figure_of_their_verdicts_side_by_side(tmp_path):
     write_fixture(tmp_path / "results", "cpu")
     write_fixture(tmp_path / "results", "smoke")
-    _, drawn = build_drawn(tmp_path, invariants="none")
+    _, drawn = build_drawn(tmp_path, invariants="none", render=False)
     side = drawn["budgets_side_by_side.png"]
     for ax in side.axes:
         columns = [t.get_text().splitlines()[0] for t in ax.get_xticklabels()]
