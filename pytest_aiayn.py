@@ -6,9 +6,11 @@
         spec = "model.py:make,N=2,d_model=64"   # a .py path is relative to this test file
         device = "cuda"                         # optional: where the model runs (default: --transformer-device, cpu)
 
-A pass passes; a fail fails with the measured error, the tolerance and its reason, and the replay command; not
-applicable is a skip with its reason; an error (the check broke) is an error. -k picks properties by name, and
---hypothesis-profile NAME the settings (default: the suite's own, as in `python -m invariants`).
+A decoder-only language model (lm-reference, hf-llama, a factory taking an LMConfig: docs/decoder-only.md) gets one
+test per decoder-only property instead, on the CPU. A pass passes; a fail fails with the measured error, the
+tolerance and its reason, and the replay command; not applicable is a skip with its reason; an error (the check broke)
+is an error. -k picks properties by name, and --hypothesis-profile NAME the settings (default: the suite's own, as in
+`python -m invariants`).
 
 A pytest11 entry point, so every pytest run in the environment loads it: it imports the harness only when one of the
 two is used, and then from beside this file, since pytest puts the user's folders (and a model.py in them) first on
@@ -17,7 +19,6 @@ sys.path. It has a top-level name of its own, so an invariants/ of the user's ne
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import importlib.util
 import sys
@@ -97,16 +98,22 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 class Target:
-    """The model under test, shared by its items: the spec (or factory) and the Subject built on first use."""
+    """The model under test, shared by its items: the spec (or factory), whether it is a decoder-only language model
+    (docs/decoder-only.md), and the Subject built on first use."""
 
-    def __init__(self, model: Any, device: str) -> None:
-        self.model, self.device, self._subject, self._error = model, device, None, ""
+    def __init__(self, model: Any, device: str, decoder_only: bool = False) -> None:
+        self.model, self.device, self.decoder_only, self._subject, self._error = model, device, decoder_only, None, ""
 
     def subject(self) -> Any:
         """The invariants' Subject, built once; a model that cannot be built errs every item with the same line."""
         if self._subject is None and not self._error:
             try:
-                self._subject = harness("invariants.subject").Subject(self.model, self.device)
+                kind = (
+                    harness("invariants.lm.subject").LMSubject
+                    if self.decoder_only
+                    else harness("invariants.subject").Subject
+                )
+                self._subject = kind(self.model, self.device)
             except Exception as exc:  # a SpecError says what to fix in one line; anything else is named
                 self._error = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
         if self._error:
@@ -116,27 +123,43 @@ class Target:
 
 def model_of(spec: Any, folder: Path, where: pytest.Collector, device: str = "") -> Target:
     """The model a spec (or factory) names, a relative .py path in it taken from folder, on `device` (else the
-    --transformer-device option, else the CPU); a bad spec or device, or a module of the user's holding one of the
+    --transformer-device option, else the CPU); a decoder-only one (a registered name, or a factory taking an
+    LMConfig) gets the decoder-only properties. A bad spec or device, or a module of the user's holding one of the
     harness's names, is a one-line collection error."""
     chosen = device or where.config.getoption("transformer_device") or "cpu"
     try:
-        parse = harness("model.registry").parse_spec
+        lm = harness("model.lm.registry")
         target = str(harness("invariants.device").resolve(chosen, "device" if device else DEVICE_OPTION))
         if callable(spec):
-            return Target(spec, target)
-        parsed = parse(spec)
+            decoder_only = lm.takes_lm_config(spec)
+        else:
+            spec = beside(spec, folder)
+            decoder_only = lm.is_decoder_only(spec)
+            spec = (lm.parse_lm_spec if decoder_only else harness("model.registry").parse_spec)(spec)
     except (ImportError, ValueError) as exc:  # ValueError: a SpecError, or a device torch cannot use
         raise where.CollectError(f"error: {exc}") from None
-    if parsed.target.endswith(".py") and not Path(parsed.target).is_absolute():
-        parsed = dataclasses.replace(parsed, target=str(folder / parsed.target))
-    return Target(parsed, target)
+    if decoder_only and target != "cpu":
+        option = "device" if device else DEVICE_OPTION
+        raise where.CollectError(f"error: {option} {target}: the decoder-only checks run on the CPU for now; drop it")
+    return Target(spec, target, decoder_only)
+
+
+def beside(spec: str, folder: Path) -> str:
+    """The spec with a relative .py path in its target (`model.py:make,N=2`) made a path under folder."""
+    head, comma, rest = spec.strip().partition(",")
+    path, colon, factory = head.partition(":")
+    if path.endswith(".py") and not Path(path).is_absolute():
+        return f"{folder / path}{colon}{factory}{comma}{rest}"
+    return spec
 
 
 def property_items(parent: pytest.Collector, model: Target) -> list[PropertyItem]:
-    return [
-        PropertyItem.from_parent(parent, name=prop.name, prop=prop, target=model)
-        for prop in harness("invariants.suite").PROPERTIES
-    ]
+    pool = (
+        harness("invariants.lm.properties").LM_PROPERTIES
+        if model.decoder_only
+        else harness("invariants.suite").PROPERTIES
+    )
+    return [PropertyItem.from_parent(parent, name=prop.name, prop=prop, target=model) for prop in pool]
 
 
 class InvariantsClass(pytest.Class):

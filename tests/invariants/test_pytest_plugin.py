@@ -17,7 +17,10 @@ import pytest
 from hypothesis import settings
 
 import pytest_aiayn
+import torch
+from invariants import device
 from invariants import profiles
+from invariants.lm.properties import LM_PROPERTIES
 from invariants.suite import PROPERTIES
 from tests.helpers import doc_block
 
@@ -78,6 +81,39 @@ def test_transformer_spec_collects_one_item_per_property_named_after_it(tmp_path
     assert listed.returncode == 0, listed.stdout[-2000:] + listed.stderr[-2000:]
     names = [line.rpartition("::")[2] for line in listed.stdout.splitlines() if line.startswith(f"reference,{SMALL}::")]
     assert names == [p.name for p in PROPERTIES]
+
+
+@pytest.mark.slow
+def test_a_decoder_only_model_gets_one_test_per_decoder_only_property(tmp_path):
+    (tmp_path / "my_lm.py").write_text(
+        "from model.lm.config import LMConfig\nfrom model.lm.reference import DecoderOnly\n\n\n"
+        "def build(cfg: LMConfig) -> DecoderOnly:\n    return DecoderOnly(cfg)\n"
+    )
+    (tmp_path / "test_lm.py").write_text(
+        "from pytest_aiayn import TransformerInvariants\n\n\n"
+        "class TestMyLM(TransformerInvariants):\n    spec = 'my_lm.py:build'  # beside this file, by its annotation\n\n\n"
+        "class TestBuggyLM(TransformerInvariants):\n    spec = 'lm-mutant:last_layer_bidirectional'\n"
+    )
+    run = pytest_in(tmp_path, "-q", "-k", "causal_future_tokens or softmax_rows")
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
+    assert f"1 failed, 3 passed, {2 * len(LM_PROPERTIES) - 4} deselected" in run.stdout  # one test per property
+    assert "FAILED test_lm.py::TestBuggyLM::causal_future_tokens" in run.stdout
+    assert (
+        "replay: aiayn-invariants --model 'lm-mutant:last_layer_bidirectional' --only causal_future_tokens"
+        in run.stdout
+    )
+
+
+def test_a_decoder_only_model_asked_to_run_off_the_cpu_is_a_one_line_collection_error(monkeypatch):
+    monkeypatch.setattr(device, "resolve", lambda text, option: torch.device("cuda"))  # as on a machine with CUDA
+    where = SimpleNamespace(
+        config=SimpleNamespace(getoption=lambda name: "cuda"), CollectError=pytest.Collector.CollectError
+    )
+    with pytest.raises(pytest.Collector.CollectError) as refused:
+        pytest_aiayn.model_of("lm-reference", Path("."), where)
+    assert str(refused.value) == (
+        "error: --transformer-device cuda: the decoder-only checks run on the CPU for now; drop it"
+    )
 
 
 @pytest.mark.slow
