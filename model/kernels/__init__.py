@@ -136,6 +136,16 @@ def compiled() -> ModuleType | None:
     return _state["module"]  # type: ignore[return-value]
 
 
+def use_own_ninja() -> None:
+    """Build with the ninja installed beside this Python (the pinned one) whenever there is one, first on PATH even
+    where the venv is not active and the machine has a ninja of its own: two ninja versions hash a build's commands
+    differently, so each would rebuild all that the other built, in turn, in the one build folder."""
+    own = Path(sys.executable).parent / "ninja"
+    found = shutil.which("ninja")
+    if own.is_file() and (found is None or Path(found).resolve() != own.resolve()):
+        os.environ["PATH"] = os.pathsep.join([str(own.parent), os.environ.get("PATH", "")])
+
+
 def build_or_load() -> ModuleType | None:
     """Load the extension, building it first when the sources are newer than the build; None where that fails."""
     from torch.utils.cpp_extension import load
@@ -145,10 +155,7 @@ def build_or_load() -> ModuleType | None:
     try:
         build.mkdir(parents=True, exist_ok=True)
         wait_for_other_build(build / "lock")
-        if (
-            shutil.which("ninja") is None
-        ):  # the pinned ninja sits beside this Python, not on PATH unless its venv is active
-            os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        use_own_ninja()
         if not built_on_disk(build):
             print(
                 "building the attention kernels (once per CPU and torch installation, about half a minute) ...",

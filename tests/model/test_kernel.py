@@ -2,7 +2,10 @@
 where they apply."""
 
 import os
+import shutil
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -335,3 +338,19 @@ def test_a_failed_build_is_reported_by_the_compilers_error_line():
     assert kernels.failure_line(RuntimeError(message)) == "attention.cpp:9:3: error: 'foo' was not declared"
     no_ninja = "Ninja is required to load C++ extensions"
     assert kernels.failure_line(RuntimeError(no_ninja)) == no_ninja
+
+
+def test_the_build_takes_the_ninja_beside_this_python_over_another_on_the_path(monkeypatch, tmp_path):
+    # Two ninja versions hash a build's commands differently: each would rebuild all that the other built.
+    own = Path(sys.executable).parent / "ninja"
+    if not own.is_file():
+        pytest.skip("no ninja installed beside this Python")
+    other = tmp_path / "ninja"
+    other.write_text("#!/bin/sh\n")
+    other.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    kernels.use_own_ninja()
+    assert Path(shutil.which("ninja")).resolve() == own.resolve()
+    path = os.environ["PATH"]
+    kernels.use_own_ninja()  # already first: the PATH is left as it is
+    assert os.environ["PATH"] == path
