@@ -2,9 +2,14 @@
 // (model/kernel.py), and the helpers they share.
 #pragma once
 
-// ATen only: torch's C++ API and pybind11 are most of a file's compile time, and only attention.cpp, which binds
-// the Python module, includes pybind11 (torch/python.h).
-#include <ATen/ATen.h>
+// The tensor, the dispatch macros, parallel_for and the two ops the kernels allocate with: all of ATen, torch's C++
+// API and pybind11 are most of a file's compile time, and only attention.cpp, which binds the Python module, includes
+// pybind11 (torch/python.h).
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 
 #include <cstdint>
 #include <cstring>

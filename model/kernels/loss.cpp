@@ -2,9 +2,6 @@
 // torch's log_softmax, exp and the smoothing terms each pass over the (tokens x vocabulary) logits and write one as
 // large; here the forward reads each row twice (its maximum, then its sums) and writes two numbers per row, and the
 // backward reads it once and writes the gradient. Built with attention_kernel.cpp (model/kernel.py).
-#include <ATen/Parallel.h>
-#include <ATen/ATen.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

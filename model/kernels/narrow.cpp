@@ -4,9 +4,6 @@
 // lanes (zero past the head's width) and the keys are padded with zeros to a multiple of 8, so that every product is a
 // small matrix product done eight output rows at a time, each row one vector register, and the softmax runs along the
 // keys eight at a time. Compiled with -ffast-math (model/kernel.py); see attention_kernel.cpp on what that assumes.
-#include <ATen/Parallel.h>
-#include <ATen/ATen.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -1,7 +1,4 @@
 // The decoding cache's reorder for beam search (model/kernel.py: reorder_rows), built with attention_kernel.cpp.
-#include <ATen/Parallel.h>
-#include <ATen/ATen.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <vector>
