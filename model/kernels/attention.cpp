@@ -1,7 +1,7 @@
 // Scaled dot-product attention for a few queries at a time (a decoding step), fused for the CPU: scores, softmax
 // and p.V in one pass over each query's keys, with no (B, h, T_q, T_k) tensors in between. torch's bmm multiplies
 // one 1 x d_k query by d_k x T_k keys with a scalar loop (or one library call per head), which made a decoding
-// step's attention cost more than its linear maps. model/kernel.py builds this file and says when it is used.
+// step's attention cost more than its linear maps. __init__.py builds this file and says when it is used.
 // It is compiled with -ffast-math (so that exp vectorises and sums may be reordered), under which the compiler may
 // assume that no value is NaN or infinite: nothing here makes one on purpose (a masked key's score is the lowest
 // finite value, which stays finite when the row's maximum is subtracted), and a query whose scores are not all finite
@@ -24,7 +24,7 @@
 
 namespace {
 
-constexpr int64_t kMaxWidth = 256;  // d_k, d_v up to this (model/kernel.py checks before calling)
+constexpr int64_t kMaxWidth = 256;  // d_k, d_v up to this (__init__.py checks before calling)
 
 // q.k_t for the Tk keys of one head, into s. D is the head's width when known at compile time (0: d, read at run
 // time), so that the loop over it has a fixed length and vectorises.

@@ -1,5 +1,5 @@
-// What narrow_kernel.cpp, reorder_kernel.cpp and loss_kernel.cpp give attention_kernel.cpp's Python module
-// (model/kernel.py), and the helpers they share.
+// What narrow.cpp, reorder.cpp and loss.cpp give attention.cpp's Python module (__init__.py beside them builds
+// it), and the helpers they share.
 #pragma once
 
 // The tensor, the dispatch macros, parallel_for and the two ops the kernels allocate with: all of ATen, torch's C++

@@ -1,7 +1,7 @@
 // Label-smoothed cross-entropy (section 5.4) over the vocabulary, forward and backward, row by row (model/objective.py).
 // torch's log_softmax, exp and the smoothing terms each pass over the (tokens x vocabulary) logits and write one as
 // large; here the forward reads each row twice (its maximum, then its sums) and writes two numbers per row, and the
-// backward reads it once and writes the gradient. Built with attention_kernel.cpp (model/kernel.py).
+// backward reads it once and writes the gradient. Built with attention.cpp (__init__.py).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -1,9 +1,9 @@
 // Attention for heads of width up to 8 (the CPU budget's models have d_k = d_v = 8), every query of a (row, head) at
-// once, forward (keeping the probabilities) and backward (model/kernel.py: _NarrowHeadAttention). At these sizes torch's
+// once, forward (keeping the probabilities) and backward (__init__.py: _NarrowHeadAttention). At these sizes torch's
 // bmm and softmax spend most of their time on overhead. Here each head's rows of q, k, v and dO are copied into eight
 // lanes (zero past the head's width) and the keys are padded with zeros to a multiple of 8, so that every product is a
 // small matrix product done eight output rows at a time, each row one vector register, and the softmax runs along the
-// keys eight at a time. Compiled with -ffast-math (model/kernel.py); see attention_kernel.cpp on what that assumes.
+// keys eight at a time. Compiled with -ffast-math (__init__.py); see attention.cpp on what that assumes.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The decoding cache's reorder for beam search (model/kernel.py: reorder_rows), built with attention_kernel.cpp.
+// The decoding cache's reorder for beam search (__init__.py: reorder_rows), built with attention.cpp.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
