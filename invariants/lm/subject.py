@@ -52,12 +52,17 @@ def probe(model: CausalLM, capability: str) -> None:
             model.generate(ids, pad, 1)
 
 
+def on_the_cpu(device: torch.device | str, option: str = "--device") -> None:
+    """The decoder-only checks run on the CPU only, for now: another device is a SpecError naming the option."""
+    if str(device) != "cpu":
+        raise SpecError(f"{option} {device}: the decoder-only checks run on the CPU for now; drop {option}")
+
+
 class LMSubject:
     """A decoder-only spec (or factory) and the models built from it, cached by (config overrides, dtype)."""
 
     def __init__(self, model: Union[ModelSpec, str, LMFactory], device: torch.device | str = "cpu") -> None:
-        if str(device) != "cpu":
-            raise SpecError(f"--device {device}: the decoder-only checks run on the CPU for now; drop --device")
+        on_the_cpu(device)
         self.device = torch.device("cpu")
         self.spec = parse_lm_spec(model) if isinstance(model, str) else model if isinstance(model, ModelSpec) else None
         self.name = str(self.spec) if self.spec else getattr(model, "__qualname__", repr(model))

@@ -112,7 +112,7 @@ def test_a_decoder_only_model_asked_to_run_off_the_cpu_is_a_one_line_collection_
     with pytest.raises(pytest.Collector.CollectError) as refused:
         pytest_aiayn.model_of("lm-reference", Path("."), where)
     assert str(refused.value) == (
-        "error: --transformer-device cuda: the decoder-only checks run on the CPU for now; drop it"
+        "error: --transformer-device cuda: the decoder-only checks run on the CPU for now; drop --transformer-device"
     )
 
 
