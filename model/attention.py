@@ -47,6 +47,12 @@ def explicit_is_faster(q: Tensor, k: Tensor) -> bool:
     return q.device.type == "cpu" and (q.size(-1) < 64 or k.size(-2) <= 64)
 
 
+def fuses_projections(x: Tensor) -> bool:
+    """Whether Q, K and V (self-attention), or K and V (cross-attention), are computed as one product: on a GPU,
+    where one wide GEMM and one launch replace three; on the CPU it was no faster (docs/benchmark.md, tried)."""
+    return x.device.type == "cuda"
+
+
 def attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
     """The reference attention: a decoding step's few queries, and heads of width up to 8 in training, through the
     fused CPU kernels (model/kernels/); everything else through torch ops (`attend_with_torch_ops`)."""
@@ -92,11 +98,31 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.h, -1).transpose(1, 2)  # (B, h, T, d)
 
-    def _keys_values(self, source: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
+    def _plain(self) -> bool:
+        """Whether W^Q, W^K and W^V are the linears this module built, with no wrapper or hook that one stacked product
+        would bypass (a check's mutant wraps W^Q, say)."""
+        return all(
+            type(m) is nn.Linear and m.bias is not None and not (m._forward_hooks or m._forward_pre_hooks)
+            for m in (self.w_q, self.w_k, self.w_v)
+        )
+
+    def _project(self, x: Tensor, linears: tuple[nn.Linear, ...], fused: bool) -> list[Tensor]:
+        """Each linear applied to x, as heads; `fused`, as one product with their weights stacked (one GEMM three or
+        two times as wide, and one launch), split afterwards: the same numbers, each a sum over d_model."""
+        if not fused:
+            return [self._heads(m(x)) for m in linears]
+        weight, bias = torch.cat([m.weight for m in linears]), torch.cat([m.bias for m in linears])
+        return [self._heads(y) for y in F.linear(x, weight, bias).split([m.out_features for m in linears], dim=-1)]
+
+    def _keys_values(self, source: Tensor, cache: KVCache | None, fused: bool) -> tuple[Tensor, Tensor]:
         name = f"{self.kind}.{self.layer}"
         if cache is not None and self.kind == "cross" and name in cache.kv:
             return cache.kv[name]  # the memory does not change between decoding steps
-        k, v = self._heads(self.w_k(source)), self._heads(self.w_v(source))
+        k, v = self._project(source, (self.w_k, self.w_v), fused)
+        return self._cached(name, k, v, cache)
+
+    def _cached(self, name: str, k: Tensor, v: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
+        """The keys and values to attend to, with the cache's earlier ones (decoder self-attention); stored in it."""
         if cache is not None and self.kind == "decoder_self":
             return cache.append(name, k, v)
         if cache is not None:  # stored contiguous: each step's matmuls then read them in place instead of copying them
@@ -111,8 +137,13 @@ class MultiHeadAttention(nn.Module):
         sentence's beams then attend as beams * T_q queries of one row (B / beams, h, beams * T_q, T_k), so the keys
         and values are computed, cached and read once per sentence, not once per beam.
         """
-        q = self._heads(self.w_q(x))
-        k, v = self._keys_values(source, cache)
+        fused = fuses_projections(x) and self._plain()
+        if fused and source is x:  # self-attention: Q, K and V in one product
+            q, k, v = self._project(x, (self.w_q, self.w_k, self.w_v), fused)
+            k, v = self._cached(f"{self.kind}.{self.layer}", k, v, cache)
+        else:
+            (q,) = self._project(x, (self.w_q,), fused=False)
+            k, v = self._keys_values(source, cache, fused)
         B, _, T, _ = q.shape
         beams = cache.beams if cache is not None and self.kind == "cross" else 1
         if beams > 1:
