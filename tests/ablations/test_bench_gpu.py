@@ -223,6 +223,7 @@ def test_a_profiled_step_ranks_its_top_operators_by_self_cpu_time_on_the_cpu(mod
     assert [r["self_ms"] for r in rows] == sorted((r["self_ms"] for r in rows), reverse=True)
     assert 0 < sum(r["share"] for r in rows) <= 1 + 1e-9
     assert sum(r["self_ms"] for r in rows) <= record["total_ms"] + 1e-9
+    assert record["launches"] >= sum(r["calls"] for r in rows)  # every operator call that did work, not only the top
     table = profile_tables([record])
     assert (
         table[0].startswith(f"One tiny, reference, {mode}, default step (")

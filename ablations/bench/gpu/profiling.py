@@ -20,19 +20,31 @@ from model.batch import Batch
 ROWS = 15  # rows of each table
 
 
-def top_rows(averages: list, on_device: bool, rows: int = ROWS) -> tuple[list[dict], float]:
-    """The `rows` events of most self time (kernels by device time, or operators by CPU time), with their share of
-    all such events' self time; and that time in all, in ms."""
+def ranked_events(averages: list, on_device: bool) -> tuple[list, str]:
+    """The events that did work (kernels on a GPU, operators with self time on the CPU), most self time first, and the
+    name of that time."""
     key = "self_device_time_total" if on_device else "self_cpu_time_total"
     kind = DeviceType.CUDA if on_device else DeviceType.CPU
     events = [e for e in averages if e.device_type == kind and not e.is_user_annotation and getattr(e, key) > 0]
+    return sorted(events, key=lambda e: getattr(e, key), reverse=True), key
+
+
+def top_rows(averages: list, on_device: bool, rows: int = ROWS) -> tuple[list[dict], float]:
+    """The `rows` events of most self time (kernels by device time, or operators by CPU time), with their share of
+    all such events' self time; and that time in all, in ms."""
+    events, key = ranked_events(averages, on_device)
     total_us = sum(getattr(e, key) for e in events)
-    events.sort(key=lambda e: getattr(e, key), reverse=True)
     top = [
         {"name": e.key, "self_ms": getattr(e, key) / 1e3, "share": getattr(e, key) / total_us, "calls": e.count}
         for e in events[:rows]
     ]
     return top, total_us / 1e3
+
+
+def launches(averages: list, on_device: bool) -> int:
+    """Calls of those events in the step: on a GPU the kernels launched (each a wait for the host between kernels
+    when the step is launch-bound), on the CPU the operators that did work."""
+    return sum(e.count for e in ranked_events(averages, on_device)[0])
 
 
 def profile_step(step: Callable[[], object], device: torch.device, rows: int = ROWS) -> dict:
@@ -45,9 +57,11 @@ def profile_step(step: Callable[[], object], device: torch.device, rows: int = R
         step()
         synced(device)
     seconds = synced(device) - start
-    top, total_ms = top_rows(prof.key_averages(), on_device, rows)
+    averages = prof.key_averages()
+    top, total_ms = top_rows(averages, on_device, rows)
     what = "kernels by self device time" if on_device else "operators by self CPU time"
-    return {"ranked": what, "rows": top, "total_ms": total_ms, "profiled_s": seconds}
+    calls = launches(averages, on_device)
+    return {"ranked": what, "rows": top, "total_ms": total_ms, "profiled_s": seconds, "launches": calls}
 
 
 def profile_entry(entry: Entry, size: str, batch: Batch, device: torch.device, deadline: Deadline) -> dict:

@@ -81,7 +81,8 @@ def profile_tables(profiles: list[dict]) -> list[str]:
             continue
         lines += [
             f"One {what} step ({p['profiled_s'] * 1e3:,.1f} ms under the profiler): its top {len(p['rows'])} "
-            f"{p['ranked']}, of {p['total_ms']:,.1f} ms in all.",
+            f"{p['ranked']}, of {p['total_ms']:,.1f} ms in all ({p['launches']:,} "
+            f"{'kernels launched' if p['ranked'].startswith('kernels') else 'operator calls'}).",
             "",
             "| name | self ms | share | calls |",
             "|---|---|---|---|",
