@@ -53,9 +53,22 @@ def fuses_projections(x: Tensor) -> bool:
     return x.device.type == "cuda"
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+def causal_kernel_applies(x: Tensor) -> bool:
+    """Whether a right-padded target's causal self-attention runs as torch's causal kernel with no mask: on a GPU,
+    where it skips the masked half; on the CPU the explicit path and the narrow-head kernel stay, as they were."""
+    return x.device.type == "cuda"
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
     """The reference attention: a decoding step's few queries, and heads of width up to 8 in training, through the
-    fused CPU kernels (model/kernels/); everything else through torch ops (`attend_with_torch_ops`)."""
+    fused CPU kernels (model/kernels/); everything else through torch ops (`attend_with_torch_ops`). `allowed` None is
+    causal attention in which every key up to a query's position is real (`Transformer.causal_by_kernel`): torch's
+    causal kernel, with no mask to read, which lets it skip the masked half and take the flash kernel on a GPU."""
+    if allowed is None:
+        if need_weights:
+            allowed = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+            return explicit_attention(q, k, v, allowed)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True), None
     if not need_weights and kernels.applies(q, k, v, allowed):
         return kernels.attention(q, k, v, allowed), None
     return attend_with_torch_ops(q, k, v, allowed, need_weights)

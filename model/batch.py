@@ -24,6 +24,7 @@ class Batch:
     # (source, target) non-pad tokens, counted where the masks are (the CPU) and carried by `to`: counting them on a
     # GPU would make the host wait for it between the forward and the backward pass of a training step.
     counts: tuple[int, int] | None = field(default=None, repr=False, compare=False)
+    right_padded: bool = False  # every row's padding follows its tokens (the runner's batches); unknown if False
 
     @cached_property  # read several times a training step: counted once per batch
     def src_tokens(self) -> int:
@@ -37,7 +38,9 @@ class Batch:
         """The model's logits (B, T, vocab) for this batch; `with_labels`, the loss of a model that takes the labels
         and returns its training loss (the reference model, `Transformer.training_loss`)."""
         if with_labels:
-            return model(self.src, self.tgt, self.src_pad, self.tgt_pad, labels=self.labels)
+            return model(
+                self.src, self.tgt, self.src_pad, self.tgt_pad, labels=self.labels, right_padded=self.right_padded
+            )
         return model(self.src, self.tgt, self.src_pad, self.tgt_pad)
 
     def to(self, device: torch.device) -> Batch:
@@ -50,4 +53,5 @@ class Batch:
             move(self.tgt_pad),
             move(self.labels),
             (self.src_tokens, self.tgt_tokens),
+            self.right_padded,
         )

@@ -35,7 +35,7 @@ def make_batch(src: list[list[int]], tgt: list[list[int]], pad_multiple: int = 1
     BOS + y and predicts y + EOS. Each side is padded to a multiple of `pad_multiple` positions."""
     s = _pad(src, pad_multiple)
     t_in, labels = _pad([[BOS] + t for t in tgt], pad_multiple), _pad([t + [EOS] for t in tgt], pad_multiple)
-    return Batch(s, t_in, s.eq(PAD), labels.eq(PAD), labels)
+    return Batch(s, t_in, s.eq(PAD), labels.eq(PAD), labels, right_padded=True)
 
 
 def bucketed_batches(

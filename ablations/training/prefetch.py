@@ -43,6 +43,7 @@ def pinned(batch: Batch) -> Batch:
         pin(batch.tgt_pad),
         pin(batch.labels),
         (batch.src_tokens, batch.tgt_tokens),
+        batch.right_padded,
     )
 
 

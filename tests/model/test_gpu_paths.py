@@ -1,12 +1,16 @@
-"""The GPU's stacked projections (Q, K, V in one product; cross-attention's K, V in one) compute what the three
-linears compute, in training and in decoding, and stand aside for a wrapped or hooked linear. Forced on the CPU here,
-in float64, where a difference beyond round-off is a bug, not rounding."""
+"""The reference's GPU-only paths compute what its CPU path computes: the stacked projections (Q, K, V in one product;
+cross-attention's K, V in one), in training and in decoding, standing aside for a wrapped or hooked linear; and the
+causal kernel with no mask for a right-padded target in training. Forced on the CPU here, in float64, where a
+difference beyond round-off is a bug, not rounding."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from ablations.data.batching import make_batch
 from invariants.mutants.subtle import QueryBiasAfterScale
-from model import Transformer, TransformerConfig, attention
+from model import Transformer, TransformerConfig, attention, load_model, transformer
+from model.batch import Batch
 
 CONFIG = TransformerConfig(N=2, d_model=32, d_ff=64, h=4, d_k=8, d_v=12, vocab_size=50, max_len=64, P_drop=0.0)
 
@@ -92,3 +96,73 @@ def test_a_hook_on_a_projection_still_sees_every_call_when_stacking_is_on(stacke
     model.encoder[0].self_attn.w_k.register_forward_hook(lambda module, args, out: seen.append(out.shape))
     stacked(True, lambda: model(*padded_batch()))
     assert seen == [torch.Size([3, 9, 4 * 8])]
+
+
+@pytest.fixture
+def causal_kernel(monkeypatch: pytest.MonkeyPatch):
+    """The GPU's choice for right-padded targets, made on the CPU."""
+    monkeypatch.setattr(transformer, "causal_kernel_applies", lambda x: True)
+
+
+def right_padded_batch() -> Batch:
+    g = torch.Generator().manual_seed(2)
+    src = [torch.randint(4, 50, (n,), generator=g).tolist() + [3] for n in (8, 3, 5)]
+    tgt = [torch.randint(4, 50, (n,), generator=g).tolist() for n in (2, 6, 4)]
+    return make_batch(src, tgt)
+
+
+def training_loss(model: Transformer, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    loss = batch.forward(model, with_labels=True)
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def test_the_causal_kernel_on_a_right_padded_target_gives_the_masked_paths_loss_and_gradients(monkeypatch):
+    torch.manual_seed(0)
+    model = trained_looking(Transformer(CONFIG)).train()
+    batch = right_padded_batch()
+    assert batch.right_padded and bool(batch.tgt_pad.any())
+    masked, masked_grads = training_loss(model, batch)
+    monkeypatch.setattr(transformer, "causal_kernel_applies", lambda x: True)
+    seen = []
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy(F.scaled_dot_product_attention, seen))
+    by_kernel, kernel_grads = training_loss(model, batch)
+    assert seen == [True] * CONFIG.N  # each decoder layer's self-attention, with no mask
+    torch.testing.assert_close(by_kernel, masked, rtol=1e-12, atol=1e-12)
+    for name in masked_grads:
+        torch.testing.assert_close(kernel_grads[name], masked_grads[name], rtol=1e-12, atol=1e-12, msg=name)
+
+
+def spy(sdpa, seen: list[bool]):
+    """scaled_dot_product_attention, noting each call's is_causal."""
+
+    def called(*args, **kwargs):
+        seen.append(kwargs.get("is_causal", False) and kwargs.get("attn_mask") is None)
+        return sdpa(*args, **kwargs)
+
+    return called
+
+
+def test_a_replaced_causal_mask_is_not_bypassed_by_the_causal_kernel(causal_kernel):
+    torch.manual_seed(0)
+    leaky = trained_looking(load_model("mutant:causal_off_by_one", config=CONFIG)).train()
+    batch, seen = right_padded_batch(), []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(F, "scaled_dot_product_attention", spy(F.scaled_dot_product_attention, seen))
+        leaked, _ = training_loss(leaky, batch)
+    assert True not in seen
+    reference = Transformer(CONFIG).double().train()
+    reference.load_state_dict(leaky.state_dict())
+    assert not torch.allclose(leaked, training_loss(reference, batch)[0], rtol=1e-6)
+
+
+def test_a_batch_not_known_to_be_right_padded_keeps_the_mask(causal_kernel):
+    torch.manual_seed(0)
+    model = trained_looking(Transformer(CONFIG)).train()
+    made = right_padded_batch()
+    unknown, seen = Batch(made.src, made.tgt, made.src_pad, made.tgt_pad, made.labels), []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(F, "scaled_dot_product_attention", spy(F.scaled_dot_product_attention, seen))
+        training_loss(model, unknown)
+    assert not unknown.right_padded and True not in seen
