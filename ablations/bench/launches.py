@@ -1,0 +1,122 @@
+"""How many kernels a training step and a beam-search step launch on a GPU, counted on the CPU, before and after each
+of the GPU path's choices.
+
+    python -m ablations.bench.launches              # the base model (N=6), a batch of 8 pairs, 2 decoding steps
+
+A GPU step of the reference at base size is bound by the host where it launches many small kernels (docs/benchmark.md,
+"On a GPU"). Each operator that does work launches at least one kernel; views and allocations launch none. This counts
+such operators at torch's dispatcher (below autograd, so the backward pass too) in one step, with the GPU's choices
+made on the CPU as the tests force them (tests/model/test_gpu_paths.py): the count, not the time, is what carries over.
+Fused Adam is one operator here and a few multi-tensor kernels on a GPU.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import ExitStack
+from typing import Callable
+from unittest import mock
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ablations.data.batching import make_batch
+from ablations.data.bpe import EOS, PAD
+from ablations.scoring.decoding import beam_search
+from ablations.training.train import loss_of, make_optimizer, train_step
+from model import Transformer, TransformerConfig, attention, transformer
+from model.batch import Batch
+from plumbing.cli import OneLineParser
+
+ALLOCATIONS = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach", "lift_fresh"}
+
+
+# The reference's GPU choices, cumulatively: (stacked projections, causal kernel), and their names in the table.
+CHOICES = ((False, False), (True, False), (True, True))
+CHOICES_NAMED = (
+    "before: projections apart, masked decoder self-attention",
+    "stacked projections",
+    "stacked projections and the causal kernel",
+)
+
+
+class Launches(TorchDispatchMode):
+    """Counts the operators dispatched while active that do work on a device: not views, not bare allocations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.overloadpacket.__name__ not in ALLOCATIONS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def launches(fn: Callable[[], object]) -> int:
+    """Operators that do work in one call of `fn`."""
+    with Launches() as counted:
+        fn()
+    return counted.count
+
+
+def on_a_gpu(stacked: bool, causal: bool) -> ExitStack:
+    """The GPU's choices made on the CPU: torch's fused attention everywhere (not the CPU's explicit path or kernels),
+    the stacked projections and the causal kernel as asked."""
+    stack = ExitStack()
+    stack.enter_context(mock.patch.object(attention, "explicit_is_faster", lambda q, k: False))
+    stack.enter_context(mock.patch.object(attention.kernels, "applies", lambda *args: False))
+    stack.enter_context(mock.patch.object(attention, "fuses_projections", lambda x: stacked))
+    stack.enter_context(mock.patch.object(transformer, "causal_kernel_applies", lambda x: causal))
+    return stack
+
+
+def batch(pairs: int, length: int, vocab: int) -> Batch:
+    g = torch.Generator().manual_seed(0)
+    ids = lambda n: torch.randint(4, vocab, (n,), generator=g).tolist()  # noqa: E731
+    return make_batch([ids(length - 1) + [EOS] for _ in range(pairs)], [ids(length - 1) for _ in range(pairs)])
+
+
+def training_step_launches(config: TransformerConfig, b: Batch, stacked: bool, causal: bool) -> int:
+    """Operators in one training step (forward, backward, Adam) of a fresh model under bf16 autocast, after a first
+    step that makes Adam's state."""
+    torch.manual_seed(0)
+    model = Transformer(config).train()
+    optimizer = make_optimizer(model, torch.device("cpu"))
+    with on_a_gpu(stacked, causal):
+        step = lambda: train_step(model, loss_of(model), optimizer, [b], 1e-4, torch.bfloat16)  # noqa: E731
+        step()
+        return launches(step)
+
+
+def decoding_step_launches(config: TransformerConfig, src: torch.Tensor, stacked: bool) -> int:
+    """Operators per decoding step of beam search (beam 4) under bf16 autocast: a search of 3 steps less one of 1."""
+    torch.manual_seed(0)
+    model = Transformer(config).eval()
+    with on_a_gpu(stacked, causal=False), torch.autocast("cpu", dtype=torch.bfloat16):
+        search = lambda extra: lambda: beam_search(model, src, src.eq(PAD), extra_len=extra)  # noqa: E731
+        return (launches(search(3 - src.size(1))) - launches(search(1 - src.size(1)))) // 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = OneLineParser(prog="python -m ablations.bench.launches", description=__doc__.splitlines()[0])
+    p.add_argument("--vocab", type=int, default=1000, help="vocabulary (the count does not depend on it)")
+    args = p.parse_args(argv)
+    config = TransformerConfig(vocab_size=args.vocab, P_drop=0.1)  # the base model (Table 3)
+    b, src = batch(8, 24, args.vocab), batch(4, 2, args.vocab).src
+    lines = [
+        f"`python -m ablations.bench.launches {' '.join(argv if argv is not None else sys.argv[1:])}`: operators that "
+        f"do work (kernels on a GPU) in one step of the base model (N={config.N}), bf16 autocast, the GPU's choices",
+        "",
+        "| reference | training step | beam-search step (beam 4) |",
+        "|---|---:|---:|",
+    ]
+    for name, (stacked, causal) in zip(CHOICES_NAMED, CHOICES):
+        search = decoding_step_launches(config, src, stacked) if not causal else "-"
+        lines.append(f"| {name} | {training_step_launches(config, b, stacked, causal)} | {search} |")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
