@@ -1,10 +1,12 @@
-"""Parameter counting that counts a shared tensor once, in total and by part."""
+"""Parameter counting that counts a shared tensor once, in total and by part; a copy of a model in another dtype."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from copy import deepcopy
+from typing import Mapping, TypeVar
 
-from torch.nn import Parameter
+import torch
+from torch.nn import Module, Parameter
 
 from model.config import TransformerConfig
 
@@ -28,3 +30,15 @@ def training_flops(cfg: TransformerConfig, counts: Mapping[str, int], src_tokens
     terms are under 5% at sentence lengths.
     """
     return 6.0 * (counts["encoder"] * src_tokens + (counts["decoder"] + cfg.vocab_size * cfg.d_model) * tgt_tokens)
+
+
+M = TypeVar("M", bound=Module)
+
+
+def working_copy(model: M, dtype: torch.dtype = torch.bfloat16) -> M:
+    """A copy of the model with its parameters in `dtype` and its buffers as they are. deepcopy copies a shared
+    parameter once, so weights tied in the model (section 3.4's one embedding matrix) stay tied in the copy."""
+    copy = deepcopy(model)
+    for p in copy.parameters():
+        p.data = p.data.to(dtype)
+    return copy

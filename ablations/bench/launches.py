@@ -26,6 +26,7 @@ from ablations.scoring.decoding import beam_search
 from ablations.training.train import loss_of, make_optimizer, train_step
 from model import Transformer, TransformerConfig, attention, transformer
 from model.batch import Batch
+from model.params import working_copy
 from plumbing.cli import OneLineParser
 
 ALLOCATIONS = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach", "lift_fresh"}
@@ -89,11 +90,13 @@ def training_step_launches(config: TransformerConfig, b: Batch, stacked: bool, c
         return launches(step)
 
 
-def decoding_step_launches(config: TransformerConfig, src: torch.Tensor, stacked: bool) -> int:
-    """Operators per decoding step of beam search (beam 4) under bf16 autocast: a search of 3 steps less one of 1."""
+def decoding_step_launches(config: TransformerConfig, src: torch.Tensor, stacked: bool, copy: bool = False) -> int:
+    """Operators per decoding step of beam search (beam 4) in bf16: a search of 3 steps less one of 1. Under autocast,
+    or `copy`, as `translate` searches on a GPU: a copy of the model with bf16 weights (`searched_model`)."""
     torch.manual_seed(0)
     model = Transformer(config).eval()
-    with on_a_gpu(stacked, causal=False), torch.autocast("cpu", dtype=torch.bfloat16):
+    model = working_copy(model) if copy else model
+    with on_a_gpu(stacked, causal=False), torch.autocast("cpu", dtype=torch.bfloat16, enabled=not copy):
         search = lambda extra: lambda: beam_search(model, src, src.eq(PAD), extra_len=extra)  # noqa: E731
         return (launches(search(3 - src.size(1))) - launches(search(1 - src.size(1)))) // 2
 
@@ -114,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, (stacked, causal) in zip(CHOICES_NAMED, CHOICES):
         search = decoding_step_launches(config, src, stacked) if not causal else "-"
         lines.append(f"| {name} | {training_step_launches(config, b, stacked, causal)} | {search} |")
+    lines.append(
+        f"| stacked projections, the search on a bf16 copy | - | {decoding_step_launches(config, src, True, True)} |"
+    )
     print("\n".join(lines))
     return 0
 

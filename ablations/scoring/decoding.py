@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ablations.data.bpe import BOS, EOS, PAD
+from model.params import working_copy
 from model.protocol import Seq2SeqModel
 
 
@@ -175,6 +176,17 @@ def _best_continuations(logits: Tensor, scores: Tensor, K: int) -> tuple[Tensor,
     return top_scores, torch.div(index, n, rounding_mode="floor"), token.view(B, K * n).gather(1, index)
 
 
+def searched_model(
+    model: Seq2SeqModel, device: torch.device, autocast: torch.dtype | None
+) -> tuple[Seq2SeqModel, torch.dtype | None]:
+    """The model beam search runs, and the autocast it runs under. On a GPU, asked for a 16-bit dtype, a copy of the
+    model with its weights in that dtype and no autocast: a search's steps are bound by the host's kernel launches,
+    and autocast casts every weight again at every step."""
+    if autocast is None or device.type != "cuda" or not isinstance(model, torch.nn.Module):
+        return model, autocast
+    return working_copy(model, autocast), None
+
+
 def translate(
     model: Seq2SeqModel,
     src_ids: list[list[int]],
@@ -195,6 +207,7 @@ def translate(
         )
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
     out: list[list[int]] = [[] for _ in src_ids]
+    model, autocast = searched_model(model, device, autocast)
     model.eval()
     start = 0
     while start < len(order):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ablations.data.bpe import BOS, EOS, PAD
-from ablations.scoring.decoding import beam_search, length_penalty, translate
+from ablations.scoring.decoding import beam_search, length_penalty, searched_model, translate
 from model import Transformer, TransformerConfig
 
 TINY = TransformerConfig(N=2, d_model=32, d_ff=64, h=4, d_k=8, d_v=8, vocab_size=40, max_len=64, P_drop=0.0)
@@ -121,3 +121,18 @@ def test_a_model_without_kv_cache_is_decoded_with_a_notice():
     with pytest.warns(UserWarning, match="no KV cache .*re-decodes the whole prefix"):
         out = translate(Scripted(), [[7, EOS], [8, 9, EOS]], torch.device("cpu"), beam=2, extra_len=3)
     assert out == [[B], [B]]
+
+
+def test_on_a_gpu_asked_for_bf16_the_search_runs_a_bf16_copy_without_autocast_and_leaves_the_model_as_it_was():
+    torch.manual_seed(0)
+    model = Transformer(TINY)
+    searched, autocast = searched_model(model, torch.device("cuda"), torch.bfloat16)
+    assert autocast is None and searched is not model
+    assert {p.dtype for p in searched.parameters()} == {torch.bfloat16}
+    assert searched.generator.weight is searched.src_embed.weight  # the one embedding matrix stays one
+    assert torch.equal(searched.src_embed.weight, model.src_embed.weight.bfloat16())
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert searched_model(model, torch.device("cpu"), torch.bfloat16) == (model, torch.bfloat16)
+    assert searched_model(model, torch.device("cuda"), None) == (model, None)
+    src, src_pad = random_sources(3, 7, seed=1)
+    assert len(beam_search(searched.eval(), src, src_pad, beam=4, extra_len=5)) == 3

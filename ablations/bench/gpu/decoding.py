@@ -13,7 +13,7 @@ from ablations.bench import peers
 from ablations.bench.gpu.timing import MEASURED, TIME_UP, Deadline, failure, synced
 from ablations.bench.workload import alternate
 from ablations.data.bpe import PAD
-from ablations.scoring.decoding import beam_search
+from ablations.scoring.decoding import beam_search, searched_model
 from ablations.training.backends import sdpa_backend
 from model import Transformer, TransformerConfig
 
@@ -53,14 +53,17 @@ def build_searches(
     device: torch.device,
 ) -> dict[str, Callable[[], int]]:
     """Beam search by fresh (untrained) models of those `systems` that decode here, the reference and HF MarianMT: a
-    model trained for a few steps soon ends every hypothesis at once, which would leave nothing to time."""
+    model trained for a few steps soon ends every hypothesis at once, which would leave nothing to time. Both search
+    as `translate` searches: on a GPU in bf16, a copy of the model with bf16 weights, no autocast (`searched_model`)."""
     searches = {}
     torch.manual_seed(0)
     if "reference" in systems:
-        searches["reference beam_search"] = reference_search(Transformer(cfg).to(device).eval(), src, extra, autocast)
+        ours, ours_autocast = searched_model(Transformer(cfg).to(device), device, autocast)
+        searches["reference beam_search"] = reference_search(ours.eval(), src, extra, ours_autocast)
     marian = peers.hf_marian(cfg) if "hf-marian" in systems else None
     if marian is not None:
-        searches["HF MarianMT generate"] = hf_search(marian.to(device).eval(), src, src.size(1) + extra, autocast)
+        theirs, their_autocast = searched_model(marian.to(device), device, autocast)
+        searches["HF MarianMT generate"] = hf_search(theirs.eval(), src, src.size(1) + extra, their_autocast)
     return searches
 
 
