@@ -11,6 +11,7 @@ from ablations.data.batching import make_batch
 from invariants.mutants.subtle import QueryBiasAfterScale
 from model import Transformer, TransformerConfig, attention, load_model, transformer
 from model.batch import Batch
+from tests.helpers import needs_cuda
 
 CONFIG = TransformerConfig(N=2, d_model=32, d_ff=64, h=4, d_k=8, d_v=12, vocab_size=50, max_len=64, P_drop=0.0)
 
@@ -166,3 +167,18 @@ def test_a_batch_not_known_to_be_right_padded_keeps_the_mask(causal_kernel):
         patch.setattr(F, "scaled_dot_product_attention", spy(F.scaled_dot_product_attention, seen))
         training_loss(model, unknown)
     assert not unknown.right_padded and True not in seen
+
+
+@needs_cuda
+def test_on_a_gpu_the_stacked_causal_path_gives_the_cpus_loss_and_gradients_in_float64():
+    torch.manual_seed(0)
+    model = trained_looking(Transformer(CONFIG)).train()
+    batch = right_padded_batch()
+    on_cpu, cpu_grads = training_loss(model, batch)
+    cuda = torch.device("cuda")
+    model = model.to(cuda)
+    assert attention.fuses_projections(torch.zeros(1, device=cuda)) and model.causal_by_kernel(batch.src.to(cuda))
+    on_gpu, gpu_grads = training_loss(model, batch.to(cuda))
+    torch.testing.assert_close(on_gpu.cpu(), on_cpu, rtol=1e-10, atol=1e-10)
+    for name in cpu_grads:
+        torch.testing.assert_close(gpu_grads[name].cpu(), cpu_grads[name], rtol=1e-10, atol=1e-10, msg=name)
