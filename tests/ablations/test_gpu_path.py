@@ -62,7 +62,9 @@ def test_every_attention_backend_name_maps_to_a_kernel_and_an_unknown_one_is_ref
         sdpa_backend("cudnm")
 
 
-def tiny_run(tmp_path: Path, steps: int, log_every: int, checkpoint_every: int, compile: bool) -> R.Run:
+def tiny_run(
+    tmp_path: Path, steps: int, log_every: int, checkpoint_every: int, compile: bool, precision: str = "fp32"
+) -> R.Run:
     settings = TrainSettings(
         steps=steps,
         warmup=4,
@@ -72,7 +74,7 @@ def tiny_run(tmp_path: Path, steps: int, log_every: int, checkpoint_every: int, 
         log_every=log_every,
         eval_every=10_000,
         checkpoint_every=checkpoint_every,
-        precision="fp32",
+        precision=precision,
         compile=compile,
     )
     run = R.Run.at(tmp_path, {"row": "base", "seed": 1, "budget": "t"}, settings, TINY)
