@@ -16,8 +16,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ablations.data.batching import BatchStream, make_batch
 from ablations.runs import folder as R
+from ablations.runs.budgets import BUDGETS, select_rows, settings_for
+from ablations.runs.options import budget_with
 from ablations.training import train as T
-from ablations.training.precision import for_training, working_copy
+from ablations.training.precision import PRECISIONS, for_training, working_copy
 from model import Transformer
 from model.attention import MultiHeadAttention
 from model.batch import Batch
@@ -167,3 +169,18 @@ def test_a_bf16_weights_run_checkpoints_fp32_master_weights_and_resumes_exactly(
     assert {t.dtype for t in saved[0].values()} == {torch.float32}
     assert [k for k in saved[0] if not torch.equal(saved[0][k], saved[1][k])] == []
     assert [r["step"] for r in R.read_metrics(cut.directory)] == [4, 8]
+
+
+def test_a_gpu_run_trains_bf16_weights_unless_asked_for_autocast_or_fp32_and_a_cpu_run_fp32():
+    row, cuda = select_rows("base")[0], torch.device("cuda")
+    assert settings_for(row, BUDGETS["short"], cuda).precision == "bf16-weights"
+    autocasts = {}  # (evaluation's, the training step's)
+    for precision in PRECISIONS:
+        settings = settings_for(row, budget_with("short", precision=precision), cuda)
+        assert settings.precision == precision
+        assert settings_for(row, budget_with("short", precision=precision), CPU).precision == "fp32"
+        autocasts[precision] = (settings.autocast, settings.step_autocast)
+    # bf16-weights: the step's copy is bf16 already; evaluation reads the fp32 master under autocast, as bf16 does.
+    assert autocasts == {"fp32": (None, None), "bf16": (BF16, BF16), "bf16-weights": (BF16, None)}
+    with pytest.raises(ValueError, match="precision 'fp16': give one of fp32, bf16, bf16-weights"):
+        budget_with("short", precision="fp16")
