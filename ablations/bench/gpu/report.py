@@ -39,7 +39,7 @@ def training_table(rows: list[dict], backend: str) -> list[str]:
         if r["mode"] == "eager" and r["backend"] == backend and r["tgt_tokens_per_s"] and not weights(r)
     }
     lines = [
-        f"| size | system | mode | precision | attention | timed steps | target tok/s | p50 ms | p99 ms | max ms | MFU | "
+        f"| size | system | mode | attention | precision | timed steps | target tok/s | p50 ms | p99 ms | max ms | MFU | "
         f"warm-up s (graphs compiled; steps that compiled) | compiling in timed steps | peak GiB | vs eager, {backend} "
         "| note |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -47,7 +47,7 @@ def training_table(rows: list[dict], backend: str) -> list[str]:
     for r in rows:
         rate, ref = r["tgt_tokens_per_s"], base.get((r["size"], r["system"]))
         lines.append(
-            f"| {r['size']} | {r['system']} | {r['mode']} | {r.get('precision', '-')} | {r['backend']} | "
+            f"| {r['size']} | {r['system']} | {r['mode']} | {r['backend']} | {r.get('precision', '-')} | "
             f"{r['timed_steps']} | {_num(rate, digits=0)} | "
             f"{_num(r['step_s_p50'], 1e3)} | {_num(r['step_s_p99'], 1e3)} | {_num(r['step_s_max'], 1e3)} | "
             f"{_num(r['mfu'], 100, unit='%')} | "
