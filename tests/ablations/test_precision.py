@@ -44,16 +44,16 @@ def twins() -> tuple[Transformer, Transformer]:
 
 
 class Float32Made(TorchDispatchMode):
-    """The shapes of the float32 tensors that torch's ops make (forward and backward) with d_model as the last size."""
+    """The shapes of the float32 tensors of two or more dimensions that torch's ops make, forward and backward."""
 
-    def __init__(self, d_model: int) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.d_model, self.shapes = d_model, []
+        self.shapes: list[tuple[int, ...]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.dim() and t.size(-1) == self.d_model:
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.dim() >= 2:
                 self.shapes.append(tuple(t.shape))
         return out
 
@@ -77,16 +77,17 @@ def test_the_working_copys_residual_stream_is_bf16_and_no_fp32_activation_of_its
         if isinstance(module, MultiHeadAttention):
             for projection in ("w_q", "w_k", "w_v"):
                 record(f"{name}.{projection}", getattr(module, projection))
-    made = Float32Made(TINY.d_model)
+    made = Float32Made()
     with made:
         loss = batch.forward(working, with_labels=True)
         loss.backward()
     assert len(seen) == 1 + 5 + 3 * 3  # the embedding, 2 + 3 LayerNorms, Q K V of 3 attentions
     assert {name: set(dtypes) for name, dtypes in seen.items()} == {name: {BF16} for name in seen}
-    # The loss's softmax is float32 (a (rows, vocab) score, and its (vocab, d_model) weight gradient, summed in float32
-    # before the cast): nothing holding the batch's positions times d_model is.
-    rows = batch.tgt.numel()
-    assert all(torch.Size(shape).numel() < rows * TINY.d_model for shape in made.shapes), made.shapes
+    # Float32 are the loss's scores (target positions, vocab) and its sum of the pre-softmax weight's gradient
+    # (vocab, d_model), cast to bf16 once summed (model/objective.py); nothing of the positions times d_model is.
+    positions, d, vocab = batch.tgt.numel(), TINY.d_model, TINY.vocab_size
+    assert (positions, vocab) in made.shapes and (vocab, d) in made.shapes
+    assert [s for s in made.shapes if s[-1] == d and torch.Size(s).numel() >= positions * d] == []
     assert loss.dtype == torch.float32 and working.generator.weight.grad.dtype == BF16
 
 
