@@ -5,11 +5,12 @@ and runs the step under autocast, which casts each weight to bf16 op by op but r
 stream between the sub-layers (LayerNorm(x + Sublayer(x)), section 3.1) stays fp32, and each of the Q, K and V
 projections casts the same fp32 input to bf16 again. 'bf16-weights' (a GPU's default) runs the forward and backward
 pass on a working copy of the model whose parameters are bf16, so that every activation is bf16; the loss's softmax
-stays fp32 (model/objective.py). An update of 1e-4 of a weight is below bf16's 2^-9 rounding, so the optimizer steps
-fp32 master weights, the run's model itself: the working copy's gradients are copied into the master's fp32 .grad,
-Adam steps the master, and the master is copied back, rounded, into the working copy. Checkpoints, evaluation and
-resumption read the master as in an fp32 run. Buffers (the sinusoidal table) stay fp32: PositionalEncoding casts its
-rows to the activations' dtype at the add.
+stays fp32 (model/objective.py). bf16 would lose many of Adam's updates: its values near 0.05 lie 2^-12 (2.4e-4)
+apart, so an update under 1.2e-4 is rounded away, and Adam's update is about the learning rate, which eq. (3) keeps
+near 1e-4 early in the warm-up and late in the decay. So the optimizer steps fp32 master weights, the run's model itself: the working copy's gradients are copied into the
+master's fp32 .grad, Adam steps the master, and the master is copied back, rounded, into the working copy.
+Checkpoints, evaluation and resumption read the master as in an fp32 run. Buffers (the sinusoidal table) stay fp32:
+PositionalEncoding casts its rows to the activations' dtype at the add.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def working_copy(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> nn.Mo
     parameter once, so weights tied in the model (section 3.4's one embedding matrix) stay tied in the copy."""
     copy = deepcopy(model)
     for p in copy.parameters():
-        p.data = p.data.to(dtype)
+        p.data, p.grad = p.data.to(dtype), None  # a gradient the model holds is not the copy's
     return copy
 
 

@@ -43,6 +43,7 @@ from ablations.bench.gpu.timing import (
 )
 from ablations.bench.report import machine, output_path, shown_args
 from ablations.bench.shapes import stream_shapes
+from ablations.bench.variants import VARIANTS
 from ablations.bench.workload import fixed_length_sources
 from ablations.data.batching import BatchStream
 from ablations.data.corpora import data_dir
@@ -50,7 +51,6 @@ from ablations.grid.prepared import load_prepared, save_prepared
 from ablations.grid.runner import PreparedData, describe_device, prepare_data
 from ablations.runs.budgets import budget, row_config, select_rows
 from ablations.runs.options import FORESEEN, failed
-from ablations.bench.variants import VARIANTS
 from ablations.training.backends import SDPA_BACKENDS
 from ablations.training.peaks import peak_flops
 from ablations.training.precision import BF16_WEIGHTS, for_training
