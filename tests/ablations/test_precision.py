@@ -19,11 +19,13 @@ from ablations.runs import folder as R
 from ablations.runs.budgets import BUDGETS, select_rows, settings_for
 from ablations.runs.options import budget_with
 from ablations.training import train as T
+from ablations.training.backends import sdpa_backend
 from ablations.training.precision import PRECISIONS, for_training, working_copy
 from model import Transformer
 from model.attention import MultiHeadAttention
 from model.batch import Batch
 from tests.ablations.test_gpu_path import TINY, tiny_run, varied_pairs
+from tests.helpers import needs_cuda
 
 CPU = torch.device("cpu")
 BF16 = torch.bfloat16
@@ -185,3 +187,22 @@ def test_a_gpu_run_trains_bf16_weights_unless_asked_for_autocast_or_fp32_and_a_c
     assert autocasts == {"fp32": (None, None), "bf16": (BF16, BF16), "bf16-weights": (BF16, None)}
     with pytest.raises(ValueError, match="precision 'fp16': give one of fp32, bf16, bf16-weights"):
         budget_with("short", precision="fp16")
+
+
+@needs_cuda
+def test_on_a_gpu_a_bf16_weights_step_keeps_fp32_master_weights_and_gives_fp32s_loss_to_bf16_precision():
+    # What the CPU cannot show: CUDA's multi-tensor copies between bf16 and fp32, fused Adam and the runner's attention
+    # kernel on bf16 inputs. Tolerances as on the CPU (above).
+    cuda = torch.device("cuda")
+    fp32, master = (model.to(cuda) for model in twins())
+    batch = batches()[0].to(cuda)
+    loss32 = T.train_step(fp32, T.loss_of(fp32), T.make_optimizer(fp32, cuda), [batch], lr=1e-3)
+    working, stepper = for_training(master, T.make_optimizer(master, cuda), "bf16-weights")
+    with sdpa_backend("efficient"):
+        loss16 = T.train_step(working, T.loss_of(master), stepper, [batch], lr=1e-3)
+    assert loss16.item() == pytest.approx(loss32.item(), rel=ULP)
+    for m, w in zip(master.parameters(), working.parameters()):
+        assert m.dtype == m.grad.dtype == torch.float32 and w.dtype == BF16 and torch.equal(w, m.to(BF16))
+    g32 = torch.cat([p.grad.flatten() for p in fp32.parameters()])
+    g16 = torch.cat([p.grad.flatten() for p in master.parameters()])
+    assert (g16 - g32).norm() / g32.norm() < 16 * ULP
