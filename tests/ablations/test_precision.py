@@ -1,5 +1,5 @@
-"""Training in bf16 with fp32 master weights (ablations/training/precision.py), run where it can be run here: on the
-CPU, through the functions the GPU's runner calls.
+"""Training in bf16 with fp32 master weights (ablations/training/precision.py): on the CPU, through the functions the
+GPU's runner calls (the CLI refuses a bf16 precision there), and one step on a GPU where there is one.
 
 Tolerances are in units of bf16's precision: 8 significant bits, so a rounding moves a value by up to 2^-9 of it and
 one value's error after a few operations is a few 2^-8.
