@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ablations.training.precision import PRECISIONS, autocast_of, step_autocast
 from model.config import TransformerConfig
 from model.objective import ADAM_BETAS, ADAM_EPS
 from model.table3 import Table3Row, table3_rows
@@ -47,10 +48,13 @@ class Budget:
     init: str = "xavier"  # one of INIT_RULES
     pad_multiple: int = 1  # each batch's lengths padded to a multiple of this (8 on a GPU: few distinct shapes)
     sdpa_backend: str = "efficient"  # scaled_dot_product_attention's kernel on a GPU (ablations/training/backends.py)
+    precision: str = "bf16-weights"  # a GPU run's (ablations/training/precision.py); the CPU trains in fp32
 
     def __post_init__(self) -> None:
         if self.init not in INIT_RULES:
             raise ValueError(f"init rule {self.init!r}: give one of {', '.join(INIT_RULES)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision {self.precision!r}: give one of {', '.join(PRECISIONS)}")
         if self.sdpa_backend not in SDPA_BACKENDS:
             raise ValueError(f"attention backend {self.sdpa_backend!r}: give one of {', '.join(SDPA_BACKENDS)}")
 
@@ -220,7 +224,7 @@ class TrainSettings:
     log_every: int
     eval_every: int
     checkpoint_every: int
-    precision: str  # 'fp32' or 'bf16' (autocast; GPU only)
+    precision: str  # one of PRECISIONS: 'fp32', 'bf16' (autocast) or 'bf16-weights' (GPU only: precision.py)
     compile: bool  # torch.compile (GPU only)
     pad_multiple: int = 1  # batch lengths padded to a multiple of this
     sdpa_backend: str = "default"  # scaled_dot_product_attention's kernel (GPU only; 'default': torch's choice)
@@ -237,7 +241,13 @@ class TrainSettings:
 
     @property
     def autocast(self) -> torch.dtype | None:
-        return torch.bfloat16 if self.precision == "bf16" else None
+        """The dtype that evaluation and beam search run the (fp32) model under autocast."""
+        return autocast_of(self.precision)
+
+    @property
+    def step_autocast(self) -> torch.dtype | None:
+        """The dtype that the training step runs under autocast ('bf16' only: 'bf16-weights' needs none)."""
+        return step_autocast(self.precision)
 
     def to_dict(self) -> dict:
         """The settings as config.json records them; the GPU-only fields only where set, so that a CPU run's record
@@ -247,7 +257,8 @@ class TrainSettings:
 
 
 def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: int | None = None) -> TrainSettings:
-    """The row's training and scoring settings under the budget: bf16 and compilation on a GPU only."""
+    """The row's training and scoring settings under the budget: the budget's precision (bf16) and compilation on a GPU
+    only."""
     gpu = device.type == "cuda"
     return TrainSettings(
         steps=row_steps(row, b),
@@ -259,7 +270,7 @@ def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: 
         log_every=b.log_every,
         eval_every=b.eval_every,
         checkpoint_every=b.checkpoint_every,
-        precision="bf16" if gpu else "fp32",
+        precision=b.precision if gpu else "fp32",
         compile=b.compile and gpu,
         pad_multiple=b.pad_multiple,
         sdpa_backend=b.sdpa_backend if gpu else "default",

@@ -17,6 +17,7 @@ import torch
 
 from ablations.data.corpora import ENV_VAR, PRESETS, DataError, data_dir
 from ablations.runs.budgets import BUDGETS, INIT_RULES, SDPA_BACKENDS, Budget, budget, row_config, select_rows
+from ablations.training.precision import PRECISIONS
 from model import SpecError, count_parameters, load_model
 from model.config import field_names
 from model.registry import ModelSpec, default_spec, lookup, parse_spec
@@ -87,9 +88,12 @@ def budget_with(
     compile: bool | None = None,
     sdpa_backend: str | None = None,
     checkpoint_every: int | None = None,
+    precision: str | None = None,
 ) -> Budget:
     """The named budget with the command line's overrides, where given."""
     b = budget(name)
+    if precision is not None:
+        b = b.replace(precision=precision)
     if checkpoint_every is not None:
         b = b.replace(checkpoint_every=checkpoint_every)
     if compile is not None:
@@ -179,6 +183,7 @@ def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
         args.compile,
         args.sdpa_backend,
         args.checkpoint_every,
+        args.precision,
     )
     if args.accumulation is not None and args.accumulation > b.batch_tokens:
         raise ValueError(
@@ -186,8 +191,8 @@ def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
             f"(each micro-batch holds {b.batch_tokens} / accumulation tokens)"
         )
     rows, seeds, device = select_rows(args.rows), parse_seeds(args.seeds), resolve_device(args.device)
-    if device.type == "cpu" and (args.compile or args.sdpa_backend not in (None, "default")):
-        flag = "--compile" if args.compile else f"--sdpa-backend {args.sdpa_backend}"
+    flag = gpu_only_flag(args)
+    if device.type == "cpu" and flag:
         raise ValueError(f"{flag}: used on a GPU only (the CPU runs eager, in fp32); leave it out with --device cpu")
     spec, preset = parse_spec(args.model), args.preset or b.preset
     check_model(spec, b, preset)  # a bad model is named whether or not the data folder is there
@@ -209,6 +214,17 @@ def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
         tuple(argv),
         args.ddp,
     )
+
+
+def gpu_only_flag(args: argparse.Namespace) -> str | None:
+    """The first option given that only a GPU run takes (torch.compile, an attention kernel, a bf16 precision)."""
+    if args.compile:
+        return "--compile"
+    if args.sdpa_backend not in (None, "default"):
+        return f"--sdpa-backend {args.sdpa_backend}"
+    if args.precision not in (None, "fp32"):
+        return f"--precision {args.precision}"
+    return None
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
@@ -267,6 +283,13 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         choices=SDPA_BACKENDS,
         action="once",
         help="the attention kernel on a GPU (default: efficient; 'default' lets torch choose)",
+    )
+    run.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        action="once",
+        help="a GPU run's: bf16-weights (default; bf16 weights and activations, fp32 master weights), bf16 (autocast), "
+        "fp32",
     )
     run.add_argument(
         "--checkpoint-every",

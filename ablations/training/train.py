@@ -31,10 +31,11 @@ from ablations.scoring.evaluate import perplexity
 from ablations.training.clock import Laps, StepClock
 from ablations.training.compiling import compile_model, compiles
 from ablations.training.distributed import SINGLE, Ranks, first_signal, step_seed, sum_over_ranks, wrap
+from ablations.training.precision import for_training
 from ablations.training.prefetch import Prefetcher, StepBatches
-from model import Transformer
 from model.batch import Batch
 from model.objective import ADAM_BETAS, ADAM_EPS, learning_rate
+from model.transformer import HALF, Transformer
 from plumbing import stopping
 from plumbing.files import replace, temporary, write_file
 
@@ -110,7 +111,7 @@ def train_step(
         with model.no_sync() if ranks.parallel and not last else nullcontext():
             with torch.autocast(device_type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
                 output = b.forward(model, with_labels=loss_fn is None)
-            loss = output if loss_fn is None else loss_fn(output if autocast is None else output.float(), b.labels)
+            loss = output if loss_fn is None else loss_fn(output.float() if output.dtype in HALF else output, b.labels)
             (loss * (b.tgt_tokens * ranks.world / total)).backward()
         loss_sum += loss.detach() * b.tgt_tokens
     optimizer.step()
@@ -237,7 +238,7 @@ class Loop:
 
     model: nn.Module
     forward: Callable[..., Tensor]
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer  # or precision.MasterWeights, which steps the model through its working copy
     stream: BatchStream  # read by the prefetching thread while the loop runs: the steps read only its seed
     run: Run
     dev: tuple[list[list[int]], list[list[int]]]
@@ -317,13 +318,15 @@ def start(
     ranks: Ranks,
 ) -> tuple[Loop, TrainState]:
     """The loop's parts and the run's progress: resumed from its checkpoint, metrics.jsonl cut back to that step and
-    the stream sought to its position, so that training continues exactly where the checkpoint left it."""
+    the stream sought to its position, so that training continues exactly where the checkpoint left it; under
+    'bf16-weights' a bf16 copy of the model takes the steps, and the optimizer steps the model (precision.py)."""
     optimizer = make_optimizer(model, device)
     state = resume(run.directory, model, optimizer, run.label, run.key)
     if ranks.main:
         truncate_metrics(run.directory, state.step)
     stream.seek(state.epoch, state.index)
-    forward = wrap(model, ranks, device)
+    forward, optimizer = for_training(model, optimizer, run.settings.precision)
+    forward = wrap(forward, ranks, device)
     forward = compile_model(forward) if run.settings.compile else forward
     return Loop(model, forward, optimizer, stream, run, dev, device, ranks), state
 
@@ -343,7 +346,7 @@ def take_step(loop: Loop, state: TrainState, clock: StepClock, data: StepBatches
         loop.optimizer,
         data.batches,
         lr,
-        settings.autocast,
+        settings.step_autocast,
         data.tgt_tokens,
         ranks,
     )

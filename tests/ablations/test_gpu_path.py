@@ -62,7 +62,9 @@ def test_every_attention_backend_name_maps_to_a_kernel_and_an_unknown_one_is_ref
         sdpa_backend("cudnm")
 
 
-def tiny_run(tmp_path: Path, steps: int, log_every: int, checkpoint_every: int, compile: bool) -> R.Run:
+def tiny_run(
+    tmp_path: Path, steps: int, log_every: int, checkpoint_every: int, compile: bool, precision: str = "fp32"
+) -> R.Run:
     settings = TrainSettings(
         steps=steps,
         warmup=4,
@@ -72,7 +74,7 @@ def tiny_run(tmp_path: Path, steps: int, log_every: int, checkpoint_every: int, 
         log_every=log_every,
         eval_every=10_000,
         checkpoint_every=checkpoint_every,
-        precision="fp32",
+        precision=precision,
         compile=compile,
     )
     run = R.Run.at(tmp_path, {"row": "base", "seed": 1, "budget": "t"}, settings, TINY)
@@ -178,6 +180,9 @@ def test_the_loss_is_read_back_only_at_logging_and_checkpoint_steps(tmp_path, mo
         (["--compile"], "error: --compile: used on a GPU only (the CPU runs eager, in fp32); leave it out"),
         (["--sdpa-backend", "flash"], "error: --sdpa-backend flash: used on a GPU only"),
         (["--sdpa-backend", "fastest"], "argument --sdpa-backend: invalid choice: 'fastest'"),
+        (["--precision", "bf16-weights"], "error: --precision bf16-weights: used on a GPU only"),
+        (["--precision", "bf16"], "error: --precision bf16: used on a GPU only"),
+        (["--precision", "fp16"], "argument --precision: invalid choice: 'fp16'"),
     ],
 )
 def test_gpu_only_flags_on_the_cpu_are_one_line_errors(argv, message, capsys, tmp_path):

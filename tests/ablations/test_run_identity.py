@@ -75,10 +75,14 @@ COMPARE = {
 }
 # (budget, device, accumulation, changes to the budget): row base, seed 3, reference, another BPE key. A GPU run's
 # identity took its batch padding (pad_multiple 8) and attention kernel (efficient) on 2026-11-26: no GPU run had been
-# published; CPU runs record neither, and keep their names.
+# published; CPU runs record neither, and keep their names. On 2026-11-29 a GPU run's precision became bf16 weights
+# with fp32 master weights ('bf16-weights', ablations/training/precision.py), a new identity; one under bf16 autocast
+# keeps the name it had.
 OTHERS = {
-    ("short", "cuda", None, ()): "557b0d0c",
-    ("paper", "cuda", 4, ()): "b0f5c254",
+    ("short", "cuda", None, ()): "d03de0a2",
+    ("short", "cuda", None, (("precision", "bf16"),)): "557b0d0c",
+    ("paper", "cuda", 4, ()): "3cc1df09",
+    ("paper", "cuda", 4, (("precision", "bf16"),)): "b0f5c254",
     ("cpu-xavier", "cpu", None, ()): "25a70cf4",
     ("smoke", "cpu", 2, (("lr_peak", 1e-3), ("warmup", 7))): "6dcd0bb2",
 }
@@ -147,4 +151,5 @@ def recorded_train(budget: str, device: str) -> dict:
 def test_a_gpu_run_records_its_batch_padding_and_attention_kernel_and_a_cpu_run_neither():
     gpu = recorded_train("short", "cuda")
     assert gpu["pad_multiple"] == 8 and gpu["sdpa_backend"] == "efficient" and gpu["compile"] is True
+    assert gpu["precision"] == "bf16-weights" and recorded_train("short", "cpu")["precision"] == "fp32"
     assert "pad_multiple" not in recorded_train("cpu", "cpu") and "sdpa_backend" not in recorded_train("short", "cpu")

@@ -18,6 +18,7 @@ from ablations.data.batching import BatchStream, make_batch
 from ablations.data.bpe import EOS, PAD
 from ablations.scoring import decoding
 from ablations.training import train as T
+from ablations.training.precision import for_training, step_autocast
 from model import Transformer, TransformerConfig, kernels
 from model.batch import Batch
 from tests.ablations.test_gpu_path import attention_as_on_a_gpu, tiny_run, varied_pairs
@@ -73,13 +74,16 @@ def micro_batches(device: torch.device) -> list[Batch]:
     return [make_batch(src[:4], tgt[:4]).to(device), make_batch(src[4:], tgt[4:]).to(device)]
 
 
-def test_a_training_step_reads_no_tensor_back_and_its_loss_only_when_the_caller_asks(monkeypatch, gpu_like_attention):
+@pytest.mark.parametrize("precision", ["fp32", "bf16-weights"])  # bf16-weights: a bf16 copy steps fp32 master weights
+def test_a_training_step_reads_no_tensor_back_and_its_loss_only_when_the_caller_asks(
+    precision, monkeypatch, gpu_like_attention
+):
     torch.manual_seed(0)
     model = Transformer(TINY)
-    optimizer = T.make_optimizer(model, torch.device("cpu"))
+    forward, optimizer = for_training(model, T.make_optimizer(model, torch.device("cpu")), precision)
     batches = micro_batches(torch.device("cpu"))
     with counted_reads(monkeypatch) as reads:
-        loss = T.train_step(model, T.loss_of(model), optimizer, batches, lr=1e-3)
+        loss = T.train_step(forward, T.loss_of(model), optimizer, batches, lr=1e-3)
     assert reads == []
     with counted_reads(monkeypatch) as reads:
         assert loss.item() > 0
@@ -100,19 +104,18 @@ def test_a_batch_moved_to_the_device_carries_its_token_counts_so_counting_them_r
 
 
 @needs_cuda
-def test_a_training_step_on_a_gpu_makes_no_synchronising_call():
+@pytest.mark.parametrize("precision", ["bf16", "bf16-weights"])
+def test_a_training_step_on_a_gpu_makes_no_synchronising_call(precision):
     cuda = torch.device("cuda")
     torch.manual_seed(0)
     model = Transformer(TINY).to(cuda)
-    optimizer = T.make_optimizer(model, cuda)
-    batches = micro_batches(cuda)
-    T.train_step(
-        model, T.loss_of(model), optimizer, batches, lr=1e-3, autocast=torch.bfloat16
-    )  # the optimizer's state made
+    forward, optimizer = for_training(model, T.make_optimizer(model, cuda), precision)
+    batches, autocast = micro_batches(cuda), step_autocast(precision)
+    T.train_step(forward, T.loss_of(model), optimizer, batches, lr=1e-3, autocast=autocast)  # Adam's state made
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        loss = T.train_step(model, T.loss_of(model), optimizer, batches, lr=1e-3, autocast=torch.bfloat16)
+        loss = T.train_step(forward, T.loss_of(model), optimizer, batches, lr=1e-3, autocast=autocast)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert loss.item() > 0

@@ -71,6 +71,7 @@ CUDA_TESTS = (
     "tests/invariants/test_device.py",
     "tests/ablations/test_prefetch.py",
     "tests/model/test_gpu_paths.py",
+    "tests/ablations/test_precision.py",
 )
 DEVICE_TESTS = (
     "tests/ablations/test_gpu_path.py",

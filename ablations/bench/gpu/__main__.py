@@ -37,11 +37,13 @@ from ablations.bench.gpu.timing import (
     measure_compiled,
     one_line,
     time_steps,
+    training_step,
     training_rows,
     warm_up,
 )
 from ablations.bench.report import machine, output_path, shown_args
 from ablations.bench.shapes import stream_shapes
+from ablations.bench.variants import VARIANTS
 from ablations.bench.workload import fixed_length_sources
 from ablations.data.batching import BatchStream
 from ablations.data.corpora import data_dir
@@ -51,7 +53,9 @@ from ablations.runs.budgets import budget, row_config, select_rows
 from ablations.runs.options import FORESEEN, failed
 from ablations.training.backends import SDPA_BACKENDS
 from ablations.training.peaks import peak_flops
-from model import TransformerConfig
+from ablations.training.precision import BF16_WEIGHTS, for_training
+from ablations.training.train import make_optimizer
+from model import TransformerConfig, count_parameters
 from model.batch import Batch
 from plumbing.cli import OneLineParser, check_counts, resolve_device
 from plumbing.files import StorageError
@@ -255,6 +259,7 @@ def measure_eager(size: str, data: PreparedData, o: BenchOptions, deadline: Dead
     cfg, batches, about = size_setup(size, data, o)
     eager = ("eager",) if "eager" in o.modes else ()
     entries, models, notes = build_entries(cfg, o.systems, eager, o.backend, o.backends, o.device, o.autocast)
+    entries += [bf16_weights_entry(cfg, o)] if times_bf16_weights(o) else []
     progress.meta["batches"].append(about)
     progress.notes += [f"{size}: {n}" for n in notes]
     report = reporter(size, entries, o, progress)
@@ -271,6 +276,21 @@ def measure_eager(size: str, data: PreparedData, o: BenchOptions, deadline: Dead
     progress.decoding += time_decoding(size, searches, o.decode_reps, o.backend, o.device, deadline)
     progress.write("partial", f"after the beam searches ({size})")
     return eager_s
+
+
+def times_bf16_weights(o: BenchOptions) -> bool:
+    """Whether the reference's eager step is also timed with bf16 weights: beside its step under bf16 autocast."""
+    return o.precision == "bf16" and "reference" in o.systems and "eager" in o.modes
+
+
+def bf16_weights_entry(cfg: TransformerConfig, o: BenchOptions) -> Entry:
+    """The reference's eager step as the runner takes it on a GPU: a bf16 copy of a model of the same seed steps its
+    fp32 master weights (ablations/training/precision.py), under --backend, interleaved with the other entries."""
+    torch.manual_seed(0)
+    model = next(v.build for v in VARIANTS if v.name == SYSTEMS["reference"])(cfg).to(o.device).train()
+    working, optimizer = for_training(model, make_optimizer(model, o.device), BF16_WEIGHTS)
+    step = training_step(model, working, optimizer, o.backend, 1e-4, None)
+    return Entry("reference", "eager", o.backend, cfg, count_parameters(model.parameter_groups()), step, "bf16 weights")
 
 
 def profile(
@@ -316,6 +336,7 @@ def settings_of(o: BenchOptions) -> dict:
         "device": describe_device(o.device),
         "peak_bf16_flops": peak_flops(o.device),
         "precision": o.precision,
+        "bf16_weights": times_bf16_weights(o),
         "sizes": list(o.sizes),
         "systems": list(o.systems),
         "modes": list(o.modes),

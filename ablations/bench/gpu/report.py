@@ -31,21 +31,24 @@ def mfu_note(meta: dict) -> str:
 
 
 def training_table(rows: list[dict], backend: str) -> list[str]:
-    """The training rows as a markdown table; 'vs eager' divides by the same system's eager entry under `backend`."""
+    """The training rows as a markdown table; 'vs eager' divides by the same system's eager entry under `backend` at
+    the run's precision (a 'bf16 weights' row by the autocast one beside it)."""
     base = {
         (r["size"], r["system"]): r["tgt_tokens_per_s"]
         for r in rows
-        if r["mode"] == "eager" and r["backend"] == backend and r["tgt_tokens_per_s"]
+        if r["mode"] == "eager" and r["backend"] == backend and r["tgt_tokens_per_s"] and not weights(r)
     }
     lines = [
-        f"| size | system | mode | attention | timed steps | target tok/s | p50 ms | p99 ms | max ms | MFU | warm-up s "
-        f"(graphs compiled; steps that compiled) | compiling in timed steps | peak GiB | vs eager, {backend} | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| size | system | mode | attention | precision | timed steps | target tok/s | p50 ms | p99 ms | max ms | MFU | "
+        f"warm-up s (graphs compiled; steps that compiled) | compiling in timed steps | peak GiB | vs eager, {backend} "
+        "| note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         rate, ref = r["tgt_tokens_per_s"], base.get((r["size"], r["system"]))
         lines.append(
-            f"| {r['size']} | {r['system']} | {r['mode']} | {r['backend']} | {r['timed_steps']} | {_num(rate, digits=0)} | "
+            f"| {r['size']} | {r['system']} | {r['mode']} | {r['backend']} | {r.get('precision', '-')} | "
+            f"{r['timed_steps']} | {_num(rate, digits=0)} | "
             f"{_num(r['step_s_p50'], 1e3)} | {_num(r['step_s_p99'], 1e3)} | {_num(r['step_s_max'], 1e3)} | "
             f"{_num(r['mfu'], 100, unit='%')} | "
             f"{r['warmup_s']:.1f} ({r['warmup_compiles']}; {r['warmup_compiling_steps']}) | "
@@ -53,6 +56,11 @@ def training_table(rows: list[dict], backend: str) -> list[str]:
             f"{f'{rate / ref:.2f}x' if rate and ref else '-'} | {'' if r['status'] == 'measured' else r['status']} |"
         )
     return lines
+
+
+def weights(row: dict) -> bool:
+    """Whether the row trained a bf16 copy of the model on fp32 master weights (ablations/training/precision.py)."""
+    return row.get("precision") == "bf16 weights"
 
 
 def decoding_table(rows: list[dict]) -> list[str]:
@@ -139,7 +147,14 @@ def markdown(report: dict) -> str:
         f"(host: {meta['cpu']}, {meta['cores']} cores). {data_line(report)}",
         "",
         f"Training: {'bf16 autocast (the loss in fp32)' if meta['precision'] == 'bf16' else 'fp32'}, fused Adam at a "
-        f"fixed learning rate of 1e-4; compiled = torch.compile (backend {meta['compile_backend']}, dynamic=True: one "
+        "fixed learning rate of 1e-4"
+        + (
+            "; the reference also eager with bf16 weights (precision 'bf16 weights': a bf16 copy of the model steps "
+            "fp32 master weights, the runner's precision on a GPU, ablations/training/precision.py)"
+            if meta.get("bf16_weights")
+            else ""
+        )
+        + f"; compiled = torch.compile (backend {meta['compile_backend']}, dynamic=True: one "
         "compile serves every batch shape, source and target lengths apart symbols) of the model's forward. Attention "
         f"backend of every mode: {meta['backend']} (the runner's choice on a GPU is efficient); "
         + (f"also timed eager: {', '.join(others)} (`--backends`). " if others else "")
@@ -190,14 +205,14 @@ class Progress:
 
     out: Path
     meta: dict  # the run's settings; its sizes and systems order the rows
-    training: dict[tuple, dict] = field(default_factory=dict)  # by size, system, mode, attention backend
+    training: dict[tuple, dict] = field(default_factory=dict)  # by size, system, mode, attention backend, precision
     decoding: list[dict] = field(default_factory=list)
     profiles: list[dict] = field(default_factory=list)  # ablations/bench/gpu/profiling.py's records
     notes: list[str] = field(default_factory=list)
 
     def add_training(self, rows: list[dict]) -> None:
         for r in rows:
-            self.training[r["size"], r["system"], r["mode"], r["backend"]] = r
+            self.training[r["size"], r["system"], r["mode"], r["backend"], r.get("precision")] = r
 
     def write(self, status: str, stage: str = "") -> None:
         sizes, systems = self.meta["sizes"], self.meta["systems"]

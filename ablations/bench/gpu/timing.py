@@ -114,6 +114,7 @@ class Entry:
     cfg: TransformerConfig
     counts: dict[str, int]
     step: Callable[[Batch], object]
+    precision: str = "fp32"  # or 'bf16 autocast', or 'bf16 weights' (a bf16 copy, fp32 master weights: the runner's)
     status: str = PENDING  # then WARMED, MEASURED, or why it has no timing: unsupported, failed, out of memory, time
     warmup_s: float = 0.0  # untimed first steps, torch.compile's compiling included
     warmup_compiles: int = 0  # graphs compiled in them
@@ -193,9 +194,8 @@ def build_entries(
         ways = [(mode, backend) for mode in modes] + [("eager", b) for b in backends if b != backend]
         for mode, b in ways:
             forward = compile_model(model, dynamic=True, backend=compile_backend) if mode == "compiled" else model
-            entries.append(
-                Entry(system, mode, b, cfg, counts, training_step(model, forward, optimizer, b, lr, autocast))
-            )
+            step = training_step(model, forward, optimizer, b, lr, autocast)
+            entries.append(Entry(system, mode, b, cfg, counts, step, "bf16 autocast" if autocast else "fp32"))
     return entries, models, notes
 
 
@@ -379,6 +379,7 @@ def training_rows(size: str, entries: list[Entry], peak: float | None) -> list[d
                 "system": e.system,
                 "mode": e.mode,
                 "backend": e.backend,
+                "precision": e.precision,
                 "status": e.status if e.status != MEASURED or ok else "not measured: no timed step",
                 "timed_steps": len(e.times),
                 "tgt_tokens_per_s": e.tgt_tokens / seconds if ok else None,
