@@ -40,5 +40,5 @@ def working_copy(model: M, dtype: torch.dtype = torch.bfloat16) -> M:
     parameter once, so weights tied in the model (section 3.4's one embedding matrix) stay tied in the copy."""
     copy = deepcopy(model)
     for p in copy.parameters():
-        p.data = p.data.to(dtype)
+        p.data, p.grad = p.data.to(dtype), None  # a gradient the model holds is not the copy's
     return copy

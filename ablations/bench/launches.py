@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Callable
 from unittest import mock
 
@@ -23,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ablations.data.batching import make_batch
 from ablations.data.bpe import EOS, PAD
 from ablations.scoring.decoding import beam_search
+from ablations.training.precision import for_training, step_autocast
 from ablations.training.train import loss_of, make_optimizer, train_step
 from model import Transformer, TransformerConfig, attention, transformer
 from model.batch import Batch
@@ -32,12 +34,21 @@ from plumbing.cli import OneLineParser
 ALLOCATIONS = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach", "lift_fresh"}
 
 
-# The reference's GPU choices, cumulatively: (stacked projections, causal kernel), and their names in the table.
-CHOICES = ((False, False), (True, False), (True, True))
-CHOICES_NAMED = (
-    "before: projections apart, masked decoder self-attention",
-    "stacked projections",
-    "stacked projections and the causal kernel",
+@dataclass(frozen=True)
+class Choices:
+    """The reference's GPU choices, as a row of the table takes them."""
+
+    name: str
+    stacked: bool  # Q, K, V as one product (model.attention.fuses_projections)
+    causal: bool  # the causal kernel for right-padded targets (Transformer.causal_by_kernel)
+    bf16_weights: bool  # training: a bf16 working copy and fp32 master weights; search: a bf16 copy; else autocast
+
+
+CHOICES = (  # cumulatively
+    Choices("before: projections apart, masked decoder self-attention, bf16 autocast", False, False, False),
+    Choices("stacked projections", True, False, False),
+    Choices("stacked projections, the causal kernel", True, True, False),
+    Choices("stacked projections, the causal kernel, bf16 weights", True, True, True),
 )
 
 
@@ -78,25 +89,27 @@ def batch(pairs: int, length: int, vocab: int) -> Batch:
     return make_batch([ids(length - 1) + [EOS] for _ in range(pairs)], [ids(length - 1) for _ in range(pairs)])
 
 
-def training_step_launches(config: TransformerConfig, b: Batch, stacked: bool, causal: bool) -> int:
-    """Operators in one training step (forward, backward, Adam) of a fresh model under bf16 autocast, after a first
-    step that makes Adam's state."""
+def training_step_launches(config: TransformerConfig, b: Batch, choices: Choices) -> int:
+    """Operators in one training step (forward, backward, Adam) of a fresh model in bf16, after a first step that
+    makes Adam's state."""
     torch.manual_seed(0)
     model = Transformer(config).train()
-    optimizer = make_optimizer(model, torch.device("cpu"))
-    with on_a_gpu(stacked, causal):
-        step = lambda: train_step(model, loss_of(model), optimizer, [b], 1e-4, torch.bfloat16)  # noqa: E731
+    precision = "bf16-weights" if choices.bf16_weights else "bf16"
+    module, optimizer = for_training(model, make_optimizer(model, torch.device("cpu")), precision)
+    with on_a_gpu(choices.stacked, choices.causal):
+        step = lambda: train_step(module, loss_of(model), optimizer, [b], 1e-4, step_autocast(precision))  # noqa: E731
         step()
         return launches(step)
 
 
-def decoding_step_launches(config: TransformerConfig, src: torch.Tensor, stacked: bool, copy: bool = False) -> int:
+def decoding_step_launches(config: TransformerConfig, src: torch.Tensor, choices: Choices) -> int:
     """Operators per decoding step of beam search (beam 4) in bf16: a search of 3 steps less one of 1. Under autocast,
-    or `copy`, as `translate` searches on a GPU: a copy of the model with bf16 weights (`searched_model`)."""
+    or with bf16 weights as `translate` searches on a GPU: a copy of the model (`searched_model`)."""
     torch.manual_seed(0)
     model = Transformer(config).eval()
-    model = working_copy(model) if copy else model
-    with on_a_gpu(stacked, causal=False), torch.autocast("cpu", dtype=torch.bfloat16, enabled=not copy):
+    model = working_copy(model) if choices.bf16_weights else model
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=not choices.bf16_weights)
+    with on_a_gpu(choices.stacked, causal=False), autocast:
         search = lambda extra: lambda: beam_search(model, src, src.eq(PAD), extra_len=extra)  # noqa: E731
         return (launches(search(3 - src.size(1))) - launches(search(1 - src.size(1)))) // 2
 
@@ -109,17 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     b, src = batch(8, 24, args.vocab), batch(4, 2, args.vocab).src
     lines = [
         f"`python -m ablations.bench.launches {' '.join(argv if argv is not None else sys.argv[1:])}`: operators that "
-        f"do work (kernels on a GPU) in one step of the base model (N={config.N}), bf16 autocast, the GPU's choices",
+        f"do work (kernels on a GPU) in one step of the base model (N={config.N}) in bf16, the GPU's choices",
         "",
         "| reference | training step | beam-search step (beam 4) |",
         "|---|---:|---:|",
     ]
-    for name, (stacked, causal) in zip(CHOICES_NAMED, CHOICES):
-        search = decoding_step_launches(config, src, stacked) if not causal else "-"
-        lines.append(f"| {name} | {training_step_launches(config, b, stacked, causal)} | {search} |")
-    lines.append(
-        f"| stacked projections, the search on a bf16 copy | - | {decoding_step_launches(config, src, True, True)} |"
-    )
+    for choices in CHOICES:
+        search = "-" if choices.causal and not choices.bf16_weights else decoding_step_launches(config, src, choices)
+        lines.append(f"| {choices.name} | {training_step_launches(config, b, choices)} | {search} |")
     print("\n".join(lines))
     return 0
 

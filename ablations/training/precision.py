@@ -15,11 +15,12 @@ PositionalEncoding casts its rows to the activations' dtype at the add.
 
 from __future__ import annotations
 
-from copy import deepcopy
 from typing import Any
 
 import torch
 from torch import nn
+
+from model.params import working_copy
 
 PRECISIONS = ("fp32", "bf16", "bf16-weights")
 BF16_WEIGHTS = "bf16-weights"
@@ -33,15 +34,6 @@ def autocast_of(precision: str) -> torch.dtype | None:
 def step_autocast(precision: str) -> torch.dtype | None:
     """The dtype the training step runs under autocast: bf16 for 'bf16' only; the working copy needs none."""
     return torch.bfloat16 if precision == "bf16" else None
-
-
-def working_copy(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
-    """A copy of the model with its parameters in `dtype` and its buffers as they are. deepcopy copies a shared
-    parameter once, so weights tied in the model (section 3.4's one embedding matrix) stay tied in the copy."""
-    copy = deepcopy(model)
-    for p in copy.parameters():
-        p.data, p.grad = p.data.to(dtype), None  # a gradient the model holds is not the copy's
-    return copy
 
 
 class MasterWeights:
