@@ -24,7 +24,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ablations.data.batching import make_batch
 from ablations.data.bpe import EOS, PAD
 from ablations.scoring.decoding import beam_search
-from ablations.training.precision import for_training, step_autocast
+from ablations.runs.budgets import step_autocast
+from ablations.training.precision import for_training
 from ablations.training.train import loss_of, make_optimizer, train_step
 from model import Transformer, TransformerConfig, attention, transformer
 from model.batch import Batch

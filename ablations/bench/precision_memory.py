@@ -18,7 +18,7 @@ import sys
 import torch
 
 from ablations.runs.options import failed
-from ablations.training.precision import PRECISIONS, step_autocast
+from ablations.runs.budgets import PRECISIONS, step_autocast
 from model.params import working_copy
 from model import Transformer, TransformerConfig, attention, kernels
 from model.batch import Batch

@@ -11,10 +11,25 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ablations.training.precision import PRECISIONS, autocast_of, step_autocast
 from model.config import TransformerConfig
 from model.objective import ADAM_BETAS, ADAM_EPS
 from model.table3 import Table3Row, table3_rows
+
+# A run's precision (ablations/training/precision.py): fp32 (the CPU's), bf16 autocast over fp32 weights, or a bf16
+# working copy of the model stepping fp32 master weights (a GPU's default).
+PRECISIONS = ("fp32", "bf16", "bf16-weights")
+BF16_WEIGHTS = "bf16-weights"
+
+
+def autocast_of(precision: str) -> torch.dtype | None:
+    """The dtype that evaluation and beam search run the fp32 model under: bf16 in both bf16 modes."""
+    return None if precision == "fp32" else torch.bfloat16
+
+
+def step_autocast(precision: str) -> torch.dtype | None:
+    """The dtype the training step runs under autocast: bf16 for 'bf16' only; the working copy needs none."""
+    return torch.bfloat16 if precision == "bf16" else None
+
 
 SCALED_FIELDS = ("d_model", "d_ff", "d_k", "d_v")  # divided by Budget.scale; h and N are kept
 # How a row's weights start (model/init.py): Xavier at the row's own width, Xavier with the stds of the row at the

@@ -17,7 +17,7 @@ import torch
 
 from ablations.data.corpora import ENV_VAR, PRESETS, DataError, data_dir
 from ablations.runs.budgets import BUDGETS, INIT_RULES, SDPA_BACKENDS, Budget, budget, row_config, select_rows
-from ablations.training.precision import PRECISIONS
+from ablations.runs.budgets import PRECISIONS
 from model import SpecError, count_parameters, load_model
 from model.config import field_names
 from model.registry import ModelSpec, default_spec, lookup, parse_spec

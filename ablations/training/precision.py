@@ -20,20 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ablations.runs.budgets import BF16_WEIGHTS
 from model.params import working_copy
-
-PRECISIONS = ("fp32", "bf16", "bf16-weights")
-BF16_WEIGHTS = "bf16-weights"
-
-
-def autocast_of(precision: str) -> torch.dtype | None:
-    """The dtype that evaluation and beam search run the fp32 model under: bf16 in both bf16 modes."""
-    return None if precision == "fp32" else torch.bfloat16
-
-
-def step_autocast(precision: str) -> torch.dtype | None:
-    """The dtype the training step runs under autocast: bf16 for 'bf16' only; the working copy needs none."""
-    return torch.bfloat16 if precision == "bf16" else None
 
 
 class MasterWeights:

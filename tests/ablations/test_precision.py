@@ -20,7 +20,8 @@ from ablations.runs.budgets import BUDGETS, select_rows, settings_for
 from ablations.runs.options import budget_with
 from ablations.training import train as T
 from ablations.training.backends import sdpa_backend
-from ablations.training.precision import PRECISIONS, for_training
+from ablations.runs.budgets import PRECISIONS
+from ablations.training.precision import for_training
 from model.params import working_copy
 from model import Transformer
 from model.attention import MultiHeadAttention

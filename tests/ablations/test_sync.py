@@ -18,7 +18,8 @@ from ablations.data.batching import BatchStream, make_batch
 from ablations.data.bpe import EOS, PAD
 from ablations.scoring import decoding
 from ablations.training import train as T
-from ablations.training.precision import for_training, step_autocast
+from ablations.runs.budgets import step_autocast
+from ablations.training.precision import for_training
 from model import Transformer, TransformerConfig, kernels
 from model.batch import Batch
 from tests.ablations.test_gpu_path import attention_as_on_a_gpu, tiny_run, varied_pairs

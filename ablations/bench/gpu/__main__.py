@@ -53,7 +53,8 @@ from ablations.runs.budgets import budget, row_config, select_rows
 from ablations.runs.options import FORESEEN, failed
 from ablations.training.backends import SDPA_BACKENDS
 from ablations.training.peaks import peak_flops
-from ablations.training.precision import BF16_WEIGHTS, for_training
+from ablations.runs.budgets import BF16_WEIGHTS
+from ablations.training.precision import for_training
 from ablations.training.train import make_optimizer
 from model import TransformerConfig, count_parameters
 from model.batch import Batch
