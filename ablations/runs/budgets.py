@@ -47,6 +47,9 @@ class Budget:
     init: str = "xavier"  # one of INIT_RULES
     pad_multiple: int = 1  # each batch's lengths padded to a multiple of this (8 on a GPU: few distinct shapes)
     sdpa_backend: str = "efficient"  # scaled_dot_product_attention's kernel on a GPU (ablations/training/backends.py)
+    pack: bool = (
+        False  # several pairs per row on a GPU (ablations/data/batching.py): padding under the multiple's floor
+    )
 
     def __post_init__(self) -> None:
         if self.init not in INIT_RULES:
@@ -131,6 +134,7 @@ BUDGETS: dict[str, Budget] = {
         checkpoint_every=250,
         compile=True,
         pad_multiple=8,
+        pack=True,
     ),
     # The paper's recipe: 100K steps (big 300K) of 25000-token batches, warmup 4000, newstest2013 as dev.
     "paper": Budget(
@@ -151,6 +155,7 @@ BUDGETS: dict[str, Budget] = {
         checkpoint_every=1000,
         compile=True,
         pad_multiple=8,
+        pack=True,
     ),
 }
 
@@ -224,6 +229,7 @@ class TrainSettings:
     compile: bool  # torch.compile (GPU only)
     pad_multiple: int = 1  # batch lengths padded to a multiple of this
     sdpa_backend: str = "default"  # scaled_dot_product_attention's kernel (GPU only; 'default': torch's choice)
+    pack: bool = False  # several pairs per row (GPU only): ablations/data/batching.py
     beam: int = 4
     alpha: float = 0.6
     extra_len: int = 50  # maximum output length = source length + extra_len
@@ -242,12 +248,12 @@ class TrainSettings:
     def to_dict(self) -> dict:
         """The settings as config.json records them; the GPU-only fields only where set, so that a CPU run's record
         (and the hash that names its folder) is what it was before they existed."""
-        unset = {"pad_multiple": 1, "sdpa_backend": "default"}
+        unset = {"pad_multiple": 1, "sdpa_backend": "default", "pack": False}
         return {k: v for k, v in asdict(self).items() if k not in unset or unset[k] != v}
 
 
 def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: int | None = None) -> TrainSettings:
-    """The row's training and scoring settings under the budget: bf16 and compilation on a GPU only."""
+    """The row's training and scoring settings under the budget: bf16, compilation and packing on a GPU only."""
     gpu = device.type == "cuda"
     return TrainSettings(
         steps=row_steps(row, b),
@@ -263,6 +269,7 @@ def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: 
         compile=b.compile and gpu,
         pad_multiple=b.pad_multiple,
         sdpa_backend=b.sdpa_backend if gpu else "default",
+        pack=b.pack and gpu,
     )
 
 

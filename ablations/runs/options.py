@@ -87,9 +87,12 @@ def budget_with(
     compile: bool | None = None,
     sdpa_backend: str | None = None,
     checkpoint_every: int | None = None,
+    pack: bool | None = None,
 ) -> Budget:
     """The named budget with the command line's overrides, where given."""
     b = budget(name)
+    if pack is not None:
+        b = b.replace(pack=pack)
     if checkpoint_every is not None:
         b = b.replace(checkpoint_every=checkpoint_every)
     if compile is not None:
@@ -124,8 +127,9 @@ def check_runs_folder(runs: Path) -> None:
         raise ValueError(f"--runs {runs}: cannot write there ({exc.strerror or exc}); give a writable folder") from None
 
 
-def check_model(parsed: ModelSpec, b: Budget, preset: str) -> None:
-    """The spec builds the grid's base row and its parameter_groups() work; overrides the grid would drop are refused."""
+def check_model(parsed: ModelSpec, b: Budget, preset: str, packed: bool = False) -> None:
+    """The spec builds the grid's base row and its parameter_groups() work, and takes packed batches where the grid
+    trains on them (`packed`); overrides the grid would drop are refused."""
     spec = str(parsed)
     rows_set = sorted(set(parsed.overrides) & set(field_names()))
     if rows_set:
@@ -155,6 +159,12 @@ def check_model(parsed: ModelSpec, b: Budget, preset: str) -> None:
         raise ValueError(
             f"--model {spec}: parameter_groups() raised {type(exc).__name__}: {' '.join(str(exc).split())}"
         ) from None
+    if packed and not getattr(model, "takes_segments", False):
+        raise ValueError(
+            f"--model {spec}: budget {b.name} packs several pairs per row on a GPU, which this model cannot take (it "
+            "has no takes_segments = True, or replaces the reference's forward, encode or decode); train it one pair "
+            "per row with --no-pack, or give it takes_segments and a forward(..., segments=) as model/transformer.py's"
+        )
 
 
 def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
@@ -179,6 +189,7 @@ def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
         args.compile,
         args.sdpa_backend,
         args.checkpoint_every,
+        args.pack,
     )
     if args.accumulation is not None and args.accumulation > b.batch_tokens:
         raise ValueError(
@@ -186,11 +197,11 @@ def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
             f"(each micro-batch holds {b.batch_tokens} / accumulation tokens)"
         )
     rows, seeds, device = select_rows(args.rows), parse_seeds(args.seeds), resolve_device(args.device)
-    if device.type == "cpu" and (args.compile or args.sdpa_backend not in (None, "default")):
-        flag = "--compile" if args.compile else f"--sdpa-backend {args.sdpa_backend}"
+    if device.type == "cpu" and (args.compile or args.pack or args.sdpa_backend not in (None, "default")):
+        flag = "--compile" if args.compile else "--pack" if args.pack else f"--sdpa-backend {args.sdpa_backend}"
         raise ValueError(f"{flag}: used on a GPU only (the CPU runs eager, in fp32); leave it out with --device cpu")
     spec, preset = parse_spec(args.model), args.preset or b.preset
-    check_model(spec, b, preset)  # a bad model is named whether or not the data folder is there
+    check_model(spec, b, preset, b.pack and device.type == "cuda")  # named whether or not the data folder is there
     data, runs = data_dir(args.data), Path(args.runs)
     check_runs_folder(runs)
     return RunOptions(
@@ -261,6 +272,12 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         "--compile",
         action=argparse.BooleanOptionalAction,
         help="torch.compile the model on a GPU (default: the budget's, on for short and paper)",
+    )
+    run.add_argument(
+        "--pack",
+        action=argparse.BooleanOptionalAction,
+        help="several sentence pairs per row on a GPU, for little padding (default: the budget's, on for short and "
+        "paper)",
     )
     run.add_argument(
         "--sdpa-backend",

@@ -74,11 +74,12 @@ COMPARE = {
     ("torch-nn", "normal", "C3"): "df993964",
 }
 # (budget, device, accumulation, changes to the budget): row base, seed 3, reference, another BPE key. A GPU run's
-# identity took its batch padding (pad_multiple 8) and attention kernel (efficient) on 2026-11-26: no GPU run had been
-# published; CPU runs record neither, and keep their names.
+# identity took its batch padding (pad_multiple 8) and attention kernel (efficient) on 2026-11-26, and its packing
+# (pack, several pairs per row) on 2026-11-29: no GPU run had been published; CPU runs record none of them, and keep
+# their names.
 OTHERS = {
-    ("short", "cuda", None, ()): "557b0d0c",
-    ("paper", "cuda", 4, ()): "b0f5c254",
+    ("short", "cuda", None, ()): "09e92e28",
+    ("paper", "cuda", 4, ()): "2182af57",
     ("cpu-xavier", "cpu", None, ()): "25a70cf4",
     ("smoke", "cpu", 2, (("lr_peak", 1e-3), ("warmup", 7))): "6dcd0bb2",
 }

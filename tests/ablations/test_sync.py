@@ -86,6 +86,18 @@ def test_a_training_step_reads_no_tensor_back_and_its_loss_only_when_the_caller_
     assert reads == ["item"]  # the counter sees a read where there is one
 
 
+def test_a_packed_training_step_reads_no_tensor_back(monkeypatch, gpu_like_attention):
+    torch.manual_seed(0)
+    model = Transformer(TINY)
+    optimizer = T.make_optimizer(model, torch.device("cpu"))
+    stream = BatchStream(*varied_pairs(40), max_tokens=200, seed=1, pad_multiple=8, pack=True)
+    batches = [stream.next().to(torch.device("cpu")) for _ in range(2)]
+    assert batches[0].packed
+    with counted_reads(monkeypatch) as reads:
+        T.train_step(model, T.loss_of(model), optimizer, batches, lr=1e-3)
+    assert reads == []
+
+
 def test_a_batch_moved_to_the_device_carries_its_token_counts_so_counting_them_reads_nothing(monkeypatch):
     src, tgt = varied_pairs(8)
     counted, uncounted = make_batch(src, tgt), make_batch(src, tgt)
