@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         batches[m, pack] = [stream.next() for _ in range(args.steps)]
     config = row_config(select_rows("base")[0], b, data.sp.get_piece_size())
     with sdpa_backend(b.sdpa_backend if device.type == "cuda" else "default"):  # the budget's kernel, as a run's
-        timed = step_times({m: bs[: args.time] for m, bs in batches.items()}, config, device) if args.time else {}
+        timed = step_times({key: bs[: args.time] for key, bs in batches.items()}, config, device) if args.time else {}
     for (m, pack), stream in batches.items():
         s = stream_shapes(stream)
         lines.append(
