@@ -84,8 +84,8 @@ def row_length(src_lens: list[int], tgt_lens: list[int], multiple: int) -> int:
 
 def fill_rows(pool: list[int], src_lens: list[int], tgt_lens: list[int], length: int) -> list[list[int]]:
     """The pool's pairs in rows of at most `length` source and target positions each: each row starts with the
-    longest pair left and takes the longest that fits both its sides until none does. Pairs are sorted by their longer
-    side (the target counted with BOS), so the longest that fits is found by bisection."""
+    longest pair left, then takes the longest pair whose longer side (the target counted with BOS) fits the row's
+    fuller side, until none does. Pairs are sorted by that side, so each is found by bisection."""
     size = {i: max(src_lens[i], tgt_lens[i] + 1) for i in pool}
     left = sorted(pool, key=lambda i: (size[i], i))
     sizes = [size[i] for i in left]
@@ -181,6 +181,6 @@ class BatchStream:
         chosen = self._batches[self.index]
         self.index += 1
         if self.pack:
-            rows = [([self.src[i] for i in row], [self.tgt[i] for i in row]) for row in chosen]
-            return make_packed_batch([s for s, _ in rows], [t for _, t in rows], self.pad_multiple)
+            src = [[self.src[i] for i in row] for row in chosen]
+            return make_packed_batch(src, [[self.tgt[i] for i in row] for row in chosen], self.pad_multiple)
         return make_batch([self.src[i] for i in chosen], [self.tgt[i] for i in chosen], self.pad_multiple)

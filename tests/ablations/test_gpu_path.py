@@ -177,6 +177,7 @@ def test_the_loss_is_read_back_only_at_logging_and_checkpoint_steps(tmp_path, mo
     [
         (["--compile"], "error: --compile: used on a GPU only (the CPU runs eager, in fp32); leave it out"),
         (["--sdpa-backend", "flash"], "error: --sdpa-backend flash: used on a GPU only"),
+        (["--pack"], "error: --pack: used on a GPU only"),
         (["--sdpa-backend", "fastest"], "argument --sdpa-backend: invalid choice: 'fastest'"),
     ],
 )
