@@ -17,8 +17,9 @@ class Batch:
     """Padded ids and their masks (True at padding). For training and scoring, `labels` holds the token each
     target position predicts (teacher forcing: tgt is BOS + y, labels y + EOS); synthetic batches have none.
 
-    A packed batch holds several pairs per row: `src_segments` and `tgt_segments` number a row's pairs 1..k (0 at
-    padding), pair j's target after the targets of pairs 1..j-1 as its source after theirs. None: one pair per row."""
+    A packed batch holds several pairs per row, their sources one after another in the source row and their targets
+    in the same order in the target row: `src_segments` and `tgt_segments` number a row's pairs 1..k (0 at padding).
+    None: one pair per row."""
 
     src: Tensor  # (B, S) ids
     tgt: Tensor  # (B, T) the decoder's input

@@ -123,7 +123,7 @@ class Transformer(nn.Module):
         a packed batch's (source, target) segment ids (model/batch.py)."""
         x = src if src.is_floating_point() else self.src_embed(src) * self.parts.embed_scale(self.config.d_model)
         src_seg = segments[0] if segments is not None else None
-        x = self.dropout(self.pe(x, positions=positions_within(src_seg) if src_seg is not None else None))
+        x = self.dropout(self.pe(x) if src_seg is None else self.pe(x, positions=positions_within(src_seg)))
         allowed = within_pairs(self.parts.key_mask(src_pad), src_seg, src_seg)
         for layer in self.encoder:
             x = layer(x, allowed)
@@ -155,7 +155,7 @@ class Transformer(nn.Module):
         offset = cache.length if cache is not None else 0
         src_seg, tgt_seg = segments if segments is not None else (None, None)
         x = tgt if tgt.is_floating_point() else self.embed(tgt)
-        x = self.dropout(self.pe(x, offset, positions_within(tgt_seg) if tgt_seg is not None else None))
+        x = self.dropout(self.pe(x, offset) if tgt_seg is None else self.pe(x, positions=positions_within(tgt_seg)))
         T = x.size(1)
         self_allowed = self.parts.causal_mask(T, offset + T, offset, x.device)
         if cache is None:
@@ -197,9 +197,12 @@ class Transformer(nn.Module):
     @property
     def takes_segments(self) -> bool:
         """Whether this model trains on packed batches (`forward(..., segments=)`): not a subclass that replaces the
-        forward computation, the encoder's or the decoder's (a mutant), whose methods take no segments."""
+        forward computation, the encoder's, the decoder's or the positional encoding (a mutant), which take no
+        segments or positions; those are called as they were before packing, without them."""
         own = ("forward", "encode", "decode", "decoded")
-        return all(getattr(type(self), name) is getattr(Transformer, name) for name in own)
+        return type(self.pe).forward is PositionalEncoding.forward and all(
+            getattr(type(self), name) is getattr(Transformer, name) for name in own
+        )
 
     def loss_is_chunked(self) -> bool:
         """Whether `forward` with labels takes the chunked loss: not in a model that changes the decoding, the

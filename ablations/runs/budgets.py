@@ -47,9 +47,7 @@ class Budget:
     init: str = "xavier"  # one of INIT_RULES
     pad_multiple: int = 1  # each batch's lengths padded to a multiple of this (8 on a GPU: few distinct shapes)
     sdpa_backend: str = "efficient"  # scaled_dot_product_attention's kernel on a GPU (ablations/training/backends.py)
-    pack: bool = (
-        False  # several pairs per row on a GPU (ablations/data/batching.py): padding under the multiple's floor
-    )
+    pack: bool = False  # several pairs per row on a GPU (ablations/data/batching.py): little padding at multiple 8
 
     def __post_init__(self) -> None:
         if self.init not in INIT_RULES:

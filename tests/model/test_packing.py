@@ -6,6 +6,7 @@ import torch
 
 from ablations.data.batching import make_batch, make_packed_batch
 from model import Transformer, TransformerConfig, attention, kernels
+from model.layers import PositionalEncoding
 from model.transformer import positions_within
 
 TINY = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=30, max_len=64, P_drop=0.0)
@@ -90,9 +91,16 @@ def test_positions_restart_at_each_pair_and_run_on_through_the_padding():
     assert positions_within(segments).tolist() == [[0, 1, 2, 0, 1, 0, 0, 1], list(range(8))]
 
 
-def test_the_reference_takes_segments_and_a_subclass_replacing_its_decoder_does_not():
+def test_the_reference_takes_segments_and_a_model_replacing_its_decoder_or_its_positions_does_not():
     class OwnDecode(Transformer):
         def decode(self, tgt, memory, src_pad, tgt_pad, cache=None):
             return super().decode(tgt, memory, src_pad, tgt_pad, cache)
 
-    assert Transformer(TINY).takes_segments and not OwnDecode(TINY).takes_segments
+    class OwnPositions(PositionalEncoding):
+        def forward(self, x, offset=0):
+            return super().forward(x, offset)
+
+    replaced = Transformer(TINY)
+    replaced.pe = OwnPositions(TINY)
+    assert Transformer(TINY).takes_segments
+    assert not OwnDecode(TINY).takes_segments and not replaced.takes_segments
