@@ -10,6 +10,7 @@ from ablations.data.bpe import BOS, EOS
 from ablations.runs import options
 from ablations.runs.budgets import budget, select_rows, settings_for
 from ablations.runs.options import failed
+from ablations.training.prefetch import pinned
 from model.batch import Batch
 from model.registry import parse_spec
 from tests.ablations.test_gpu_path import varied_pairs
@@ -59,6 +60,14 @@ def test_each_pair_of_a_packed_row_is_teacher_forced_and_its_padding_is_segment_
             read, labels = batch.tgt[r][batch.tgt_segments[r] == j], batch.labels[r][batch.tgt_segments[r] == j]
             assert read[0] == BOS and labels[-1] == EOS and torch.equal(read[1:], labels[:-1])
     assert torch.equal(batch.src_pad, batch.src_segments == 0) and torch.equal(batch.tgt_pad, batch.tgt_segments == 0)
+
+
+def test_a_packed_batch_keeps_its_segments_when_moved_or_pinned(monkeypatch):
+    batch = BatchStream(*varied_pairs(40), max_tokens=200, seed=1, pack=True).next()
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: t.clone())  # pinning needs CUDA: a copy stands in
+    for moved in (batch.to(torch.device("cpu")), pinned(batch)):
+        assert moved.packed and same(moved, batch)
+        assert (moved.src_tokens, moved.tgt_tokens) == (batch.src_tokens, batch.tgt_tokens)
 
 
 def test_a_packed_stream_resumes_from_its_position_and_is_the_same_per_seed_and_epoch():
