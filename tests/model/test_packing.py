@@ -5,9 +5,11 @@ import pytest
 import torch
 
 from ablations.data.batching import make_batch, make_packed_batch
+from ablations.training.backends import sdpa_backend
 from model import Transformer, TransformerConfig, attention, kernels
 from model.layers import PositionalEncoding
 from model.transformer import positions_within
+from tests.helpers import needs_cuda
 
 TINY = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, d_k=8, d_v=8, vocab_size=30, max_len=64, P_drop=0.0)
 CONFIGS = {"sinusoidal, N=1": TINY, "learned, N=2": TINY.replace(pe="learned", N=2)}
@@ -84,6 +86,19 @@ def test_a_packed_batch_through_the_cpu_kernels_gives_what_torch_ops_give(monkey
     torch.testing.assert_close(loss, by_ops)
     for grad, grad_by_ops in zip(grads, grads_by_ops):
         torch.testing.assert_close(grad, grad_by_ops, rtol=1e-4, atol=1e-6)
+
+
+@needs_cuda
+def test_a_packed_batch_on_a_gpu_has_the_loss_and_gradients_of_its_pairs_one_per_row():
+    cuda = torch.device("cuda")
+    torch.manual_seed(0)
+    model = Transformer(TINY).to(cuda)
+    _, packed, plain = packed_and_plain()
+    with sdpa_backend("efficient"):  # the kernel a GPU run holds attention to
+        (loss, grads), (plain_loss, plain_grads) = [loss_and_gradients(model, b.to(cuda)) for b in (packed, plain)]
+    torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=0)
+    for grad, plain_grad in zip(grads, plain_grads):
+        torch.testing.assert_close(grad, plain_grad, rtol=1e-4, atol=1e-6)
 
 
 def test_positions_restart_at_each_pair_and_run_on_through_the_padding():

@@ -66,7 +66,12 @@ QUICK_LIMIT = 60  # each part of --quick
 RUNNER = {"runner": ("short", "base"), "torchrun": ("smoke", "D1")}  # the (budget, row) each run part trains
 # The tests whose outcome depends on the device: training and its clock, the GPU path, the invariants on a device.
 # The files that hold the tests marked cuda (tests.helpers.needs_cuda): the first stage collects only these.
-CUDA_TESTS = ("tests/ablations/test_sync.py", "tests/invariants/test_device.py", "tests/ablations/test_prefetch.py")
+CUDA_TESTS = (
+    "tests/ablations/test_sync.py",
+    "tests/invariants/test_device.py",
+    "tests/ablations/test_prefetch.py",
+    "tests/model/test_packing.py",
+)
 DEVICE_TESTS = (
     "tests/ablations/test_gpu_path.py",
     "tests/ablations/test_train.py",
