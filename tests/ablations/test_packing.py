@@ -5,6 +5,7 @@ that cannot be trained packed."""
 import pytest
 import torch
 
+import invariants.mutants  # noqa: F401  (registers mutant:NAME, as the runner does)
 from ablations.data.batching import BatchStream
 from ablations.data.bpe import BOS, EOS
 from ablations.runs import options
@@ -108,8 +109,6 @@ def test_short_and_paper_pack_on_a_gpu_only_and_a_cpu_runs_record_is_unchanged()
 
 @pytest.mark.parametrize("spec", ["torch-nn", "mutant:decoder_without_pe"])
 def test_a_model_that_takes_no_segments_is_refused_packed_in_one_line_naming_the_fix(spec, capsys):
-    import invariants.mutants  # noqa: F401  (registers mutant:NAME, as the runner does)
-
     smoke = budget("smoke")
     options.check_model(parse_spec(spec), smoke, "multi30k")  # one pair per row: fine
     with pytest.raises(ValueError) as refused:
