@@ -58,12 +58,16 @@ class PositionalEncoding(nn.Module):
             return self.learned.weight[:positions]
         raise ValueError("this model has no positional encoding (pe='none')")
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """x (B, T, d_model) plus the encoding of positions offset .. offset+T-1; or, given `positions` (B, T), of
+        those (a packed row's positions within each pair, each under T)."""
         if self.kind == "none" or not self.enabled:
             return x
         T = x.size(1)
         if offset + T > self.table_len():
             raise ValueError(f"sequence of {offset + T} positions exceeds max_len={self.table_len()}; raise max_len")
+        if positions is not None:
+            return x + self.table(T)[positions].to(x.dtype)
         return x + self.table(offset + T)[offset:].to(x.dtype)
 
     def switched(self, enabled: bool) -> AbstractContextManager[None]:

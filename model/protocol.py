@@ -37,6 +37,10 @@ CAPABILITIES = {
 # nothing is taken to honour its pad mask wherever the padding is.
 PADDING_SIDES = ("right", "left")
 
+# A model that trains on packed rows (several pairs per row, model/batch.py) says so with `takes_segments = True`
+# and takes `forward(..., segments=(src_segments, tgt_segments))`, computing each pair as it would alone (the
+# reference: model/transformer.py); the runner packs batches (budgets short and paper, on a GPU) for no other model.
+
 
 @runtime_checkable
 class Seq2SeqModel(Protocol):

@@ -44,6 +44,24 @@ def key_padding_allowed(pad: Tensor) -> Tensor:
     return ~pad[:, None, None, :]
 
 
+def within_pairs(allowed: Tensor, queries: Tensor | None, keys: Tensor | None) -> Tensor:
+    """`allowed` narrowed, in a packed batch (segment ids (B, T_q) and (B, T_k); None: unpacked, left as it is), to
+    (B, 1, T_q, T_k): a query sees the keys of its own pair alone; a padding query (segment 0) sees what it sees
+    unpacked, so that no query of a row is left with no key to see."""
+    if queries is None or keys is None:
+        return allowed
+    return allowed & ((queries[:, None, :, None] == keys[:, None, None, :]) | (queries == 0)[:, None, :, None])
+
+
+def positions_within(segments: Tensor) -> Tensor:
+    """(B, T): each position's index within its pair, so that section 3.5's positions restart at each packed pair;
+    its index minus that of its pair's first position, found on the device (a running maximum of the starts)."""
+    index = torch.arange(segments.size(1), device=segments.device).expand_as(segments)
+    starts = torch.ones_like(segments, dtype=torch.bool)
+    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    return index - torch.where(starts, index, 0).cummax(1).values
+
+
 @dataclass(frozen=True)
 class Parts:
     """Replaceable pieces of the model; the defaults are the paper's."""
@@ -100,20 +118,29 @@ class Transformer(nn.Module):
     def embed(self, ids: Tensor) -> Tensor:
         return self.tgt_embed(ids) * self.parts.embed_scale(self.config.d_model)
 
-    def encode(self, src: Tensor, src_pad: Tensor) -> Tensor:
-        """src is ids (B, S) or source embeddings already scaled (B, S, d_model), as decode takes tgt."""
+    def encode(self, src: Tensor, src_pad: Tensor, segments: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """src is ids (B, S) or source embeddings already scaled (B, S, d_model), as decode takes tgt; `segments`,
+        a packed batch's (source, target) segment ids (model/batch.py)."""
         x = src if src.is_floating_point() else self.src_embed(src) * self.parts.embed_scale(self.config.d_model)
-        x = self.dropout(self.pe(x))
-        allowed = self.parts.key_mask(src_pad)
+        src_seg = segments[0] if segments is not None else None
+        x = self.dropout(self.pe(x) if src_seg is None else self.pe(x, positions=positions_within(src_seg)))
+        allowed = within_pairs(self.parts.key_mask(src_pad), src_seg, src_seg)
         for layer in self.encoder:
             x = layer(x, allowed)
         return x
 
     def decode(
-        self, tgt: Tensor, memory: Tensor, src_pad: Tensor, tgt_pad: Tensor, cache: KVCache | None = None
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_pad: Tensor,
+        tgt_pad: Tensor,
+        cache: KVCache | None = None,
+        segments: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
-        """With a cache, tgt holds only new positions; earlier target keys are taken as non-pad (right padding)."""
-        return self.generator(self.decoded(tgt, memory, src_pad, tgt_pad, cache))
+        """With a cache, tgt holds only new positions; earlier target keys are taken as non-pad (right padding).
+        `segments`: a packed batch's (source, target) segment ids, in training (never with a cache)."""
+        return self.generator(self.decoded(tgt, memory, src_pad, tgt_pad, cache, segments))
 
     def decoded(
         self,
@@ -122,21 +149,23 @@ class Transformer(nn.Module):
         src_pad: Tensor,
         tgt_pad: Tensor,
         cache: KVCache | None = None,
+        segments: tuple[Tensor, Tensor] | None = None,
         right_padded: bool = False,
     ) -> Tensor:
         """The decoder stack's output (B, T, d_model), the input of the pre-softmax linear. `right_padded`: the caller
         knows that every row's padding follows its tokens (`Batch.right_padded`), which `causal_by_kernel` may use."""
         offset = cache.length if cache is not None else 0
+        src_seg, tgt_seg = segments if segments is not None else (None, None)
         x = tgt if tgt.is_floating_point() else self.embed(tgt)
-        x = self.dropout(self.pe(x, offset))
+        x = self.dropout(self.pe(x, offset) if tgt_seg is None else self.pe(x, positions=positions_within(tgt_seg)))
         T = x.size(1)
-        if right_padded and cache is None and self.causal_by_kernel(x):
+        if right_padded and segments is None and cache is None and self.causal_by_kernel(x):
             self_allowed = None  # `attend`'s causal kernel
         else:
             self_allowed = self.parts.causal_mask(T, offset + T, offset, x.device)
-        if cache is None and self_allowed is not None:
-            self_allowed = self_allowed & self.parts.key_mask(tgt_pad)
-        cross_allowed = self.parts.key_mask(src_pad)
+            if cache is None:
+                self_allowed = within_pairs(self_allowed & self.parts.key_mask(tgt_pad), tgt_seg, tgt_seg)
+        cross_allowed = within_pairs(self.parts.key_mask(src_pad), tgt_seg, src_seg)
         for layer in self.decoder:
             x = layer(x, memory, self_allowed, cross_allowed, cache)
         if cache is not None:
@@ -150,33 +179,48 @@ class Transformer(nn.Module):
         src_pad: Tensor,
         tgt_pad: Tensor,
         labels: Tensor | None = None,
+        segments: tuple[Tensor, Tensor] | None = None,
         right_padded: bool = False,
     ) -> Tensor:
         """The logits (B, T, vocab); given the labels, the training loss `loss(logits, labels)` instead, by
         `linear_label_smoothed_loss`, which never holds all the logits at once (called here, not in a method of its
         own, so that torch.compile breaks the graph once, after the decoder, and compiles one graph).
+
+        `segments`, a packed batch's (source, target) segment ids: each pair is computed as it would be alone in its
+        row (`within_pairs`, `positions_within`); encode and decode are called without them where there are none.
         `right_padded`: every target row's padding follows its tokens (training's batches), see `causal_by_kernel`."""
-        memory = self.encode(src, src_pad)
+        packed = {"segments": segments} if segments is not None else {}
+        memory = self.encode(src, src_pad, **packed)
         if labels is None:
-            return self.decode(tgt, memory, src_pad, tgt_pad)
+            return self.decode(tgt, memory, src_pad, tgt_pad, **packed)
         if not self.loss_is_chunked():
-            logits = self.decode(tgt, memory, src_pad, tgt_pad)
+            logits = self.decode(tgt, memory, src_pad, tgt_pad, **packed)
             return self.loss(logits.float() if logits.dtype in HALF else logits, labels)  # fp32 under autocast
-        decoded = self.decoded(tgt, memory, src_pad, tgt_pad, right_padded=right_padded)
+        decoded = self.decoded(tgt, memory, src_pad, tgt_pad, right_padded=right_padded, **packed)
         return linear_label_smoothed_loss(
             decoded, self.generator.weight, labels, self.config.pad_id, self.config.eps_ls
         )
 
     def causal_by_kernel(self, x: Tensor) -> bool:
-        """Whether the decoder's self-attention over a right-padded target may be the causal kernel with no mask: on a
-        GPU, where it is faster. Exact where it matters: a real query's earlier keys are all real, and a padding
-        query's output reaches neither a real position nor the loss (its label is padding). Not in a model whose
-        causal mask, attention function or attention module a check replaced."""
+        """Whether the decoder's self-attention over a right-padded, unpacked target may be the causal kernel with no
+        mask: on a GPU, where it is faster. Exact where it matters: a real query's earlier keys are all real, and a
+        padding query's output reaches neither a real position nor the loss (its label is padding). Not in a model
+        whose causal mask, attention function or attention module a check replaced."""
         return (
             causal_kernel_applies(x)
             and self.parts.causal_mask is causal_mask
             and self.parts.attend is attend
             and all(type(layer.self_attn) is MultiHeadAttention for layer in self.decoder)
+        )
+
+    @property
+    def takes_segments(self) -> bool:
+        """Whether this model trains on packed batches (`forward(..., segments=)`): not a subclass that replaces the
+        forward computation, the encoder's, the decoder's or the positional encoding (a mutant), which take no
+        segments or positions; those are called as they were before packing, without them."""
+        own = ("forward", "encode", "decode", "decoded")
+        return type(self.pe).forward is PositionalEncoding.forward and all(
+            getattr(type(self), name) is getattr(Transformer, name) for name in own
         )
 
     def loss_is_chunked(self) -> bool:

@@ -3,12 +3,14 @@
     python -m ablations.bench.shapes --budget short --steps 1000 --pad-multiples 1,8
     python -m ablations.bench.shapes --budget cpu --steps 1000 --pad-multiples 1,8 --time 100
     python -m ablations.bench.shapes --budget short --steps 300 --time 300 --device cuda   # bf16, eager, on a GPU
+    python -m ablations.bench.shapes --budget short --steps 1000 --pad-multiples 1,8 --pack  # packed rows beside
 
 Each new shape costs a compiled model a recompile and cuDNN's attention a new execution plan (docs/benchmark.md,
 "On a GPU"). Reads the budget's real training stream (its data preset, BPE and batch size); `--time N` also times N
 training steps of the budget's base row at each multiple (bf16 autocast on a GPU), interleaved, on the same batches,
 and reports real (non-pad) tokens per second. The padding floor is the share that no batching goes under at that
-multiple (`padding_floor`).
+multiple (`padding_floor`). `--pack` adds each multiple's packed stream (several pairs per row, as `short` and `paper`
+train on a GPU; its floor is then that of the rows as packed).
 """
 
 from __future__ import annotations
@@ -55,20 +57,23 @@ def padding_floor(batches: list[Batch], multiple: int) -> float:
 
 
 def step_times(
-    batches_by_multiple: dict[int, list[Batch]], config: TransformerConfig, device: torch.device, warmup: int = 5
-) -> dict[int, tuple[float, float]]:
-    """(median seconds of a training step, real tokens per second) at each multiple, the multiples interleaved step
-    by step, one model each; reading the loss back waits for the device, so each step is timed whole."""
+    batches_by_stream: dict[tuple[int, bool], list[Batch]],
+    config: TransformerConfig,
+    device: torch.device,
+    warmup: int = 5,
+) -> dict[tuple[int, bool], tuple[float, float]]:
+    """(median seconds of a training step, real tokens per second) at each (multiple, packed) stream, the streams
+    interleaved step by step, one model each; reading the loss back waits for the device, so each step is timed whole."""
     systems = {}
-    for multiple in batches_by_multiple:
+    for stream in batches_by_stream:
         torch.manual_seed(0)
         model = load_model("reference", config=config).to(device).train()
-        systems[multiple] = (model, make_optimizer(model, device), [], [0])
+        systems[stream] = (model, make_optimizer(model, device), [], [0])
     autocast = torch.bfloat16 if device.type == "cuda" else None
-    steps = min(len(b) for b in batches_by_multiple.values())
+    steps = min(len(b) for b in batches_by_stream.values())
     for i in range(steps):
-        for multiple, (model, optimizer, times, tokens) in systems.items():
-            batch = batches_by_multiple[multiple][i].to(device)
+        for stream, (model, optimizer, times, tokens) in systems.items():
+            batch = batches_by_stream[stream][i].to(device)
             started = time.perf_counter()
             train_step(model, loss_of(model), optimizer, [batch], 1e-4, autocast).item()
             if i >= warmup:
@@ -83,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", default="short", choices=list(BUDGETS))
     p.add_argument("--steps", type=int, default=1000, help="training steps of the stream to read (default 1000)")
     p.add_argument("--pad-multiples", default="1,8", help="comma list of pad multiples (default 1,8)")
+    p.add_argument("--pack", action="store_true", help="also read each multiple's packed stream")
     p.add_argument("--time", type=int, default=0, help="also time this many base-row steps per multiple")
     p.add_argument("--device", default="cpu", help="where --time trains: cpu, cuda, cuda:N (default cpu)")
     p.add_argument("--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)")
@@ -106,19 +112,19 @@ def main(argv: list[str] | None = None) -> int:
         + " padding floor (rows rounded alone) |",
         "|---|---|---|---|---|" + ("---|---|" if args.time else "") + "---|",
     ]
-    batches = {}
-    for m in multiples:
-        stream = BatchStream(data.train_src, data.train_tgt, micro, seed=1, pad_multiple=m)
-        batches[m] = [stream.next() for _ in range(args.steps)]
+    batches = {}  # by (multiple, packed)
+    for m, pack in [(m, pack) for m in multiples for pack in ((False, True) if args.pack else (False,))]:
+        stream = BatchStream(data.train_src, data.train_tgt, micro, seed=1, pad_multiple=m, pack=pack)
+        batches[m, pack] = [stream.next() for _ in range(args.steps)]
     config = row_config(select_rows("base")[0], b, data.sp.get_piece_size())
     with sdpa_backend(b.sdpa_backend if device.type == "cuda" else "default"):  # the budget's kernel, as a run's
-        timed = step_times({m: bs[: args.time] for m, bs in batches.items()}, config, device) if args.time else {}
-    for m in multiples:
-        s = stream_shapes(batches[m])
+        timed = step_times({key: bs[: args.time] for key, bs in batches.items()}, config, device) if args.time else {}
+    for (m, pack), stream in batches.items():
+        s = stream_shapes(stream)
         lines.append(
-            f"| {m} | {s['shapes']:.0f} | {s['lengths']:.0f} | {s['padding']:.1%} | {s['real_tokens_per_step']:.0f} |"
-            + (f" {timed[m][0]:.4f} | {timed[m][1]:,.0f} |" if timed else "")
-            + f" {padding_floor(batches[m], m):.1%} |"
+            f"| {m}{' packed' if pack else ''} | {s['shapes']:.0f} | {s['lengths']:.0f} | {s['padding']:.1%} | {s['real_tokens_per_step']:.0f} |"
+            + (f" {timed[m, pack][0]:.4f} | {timed[m, pack][1]:,.0f} |" if timed else "")
+            + f" {padding_floor(stream, m):.1%} |"
         )
     print("\n".join(lines))
     return 0

@@ -207,7 +207,12 @@ def train_and_score(grid: Grid, run: R.Run, data: PreparedData, on_step: Callabl
         counts = count_parameters(model.parameter_groups())
         final["params"] = counts["total"]
         stream = BatchStream(
-            data.train_src, data.train_tgt, run.settings.micro_tokens, run.seed, pad_multiple=run.settings.pad_multiple
+            data.train_src,
+            data.train_tgt,
+            run.settings.micro_tokens,
+            run.seed,
+            pad_multiple=run.settings.pad_multiple,
+            pack=run.settings.pack,
         )
         state = train(model, run, stream, (data.dev_src, data.dev_tgt), grid.device, on_step, grid.ranks)
         if not grid.ranks.main:

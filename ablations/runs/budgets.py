@@ -64,6 +64,7 @@ class Budget:
     pad_multiple: int = 1  # each batch's lengths padded to a multiple of this (8 on a GPU: few distinct shapes)
     sdpa_backend: str = "efficient"  # scaled_dot_product_attention's kernel on a GPU (ablations/training/backends.py)
     precision: str = "bf16-weights"  # a GPU run's (ablations/training/precision.py); the CPU trains in fp32
+    pack: bool = False  # several pairs per row on a GPU (ablations/data/batching.py): little padding at multiple 8
 
     def __post_init__(self) -> None:
         if self.init not in INIT_RULES:
@@ -150,6 +151,7 @@ BUDGETS: dict[str, Budget] = {
         checkpoint_every=250,
         compile=True,
         pad_multiple=8,
+        pack=True,
     ),
     # The paper's recipe: 100K steps (big 300K) of 25000-token batches, warmup 4000, newstest2013 as dev.
     "paper": Budget(
@@ -170,6 +172,7 @@ BUDGETS: dict[str, Budget] = {
         checkpoint_every=1000,
         compile=True,
         pad_multiple=8,
+        pack=True,
     ),
 }
 
@@ -243,6 +246,7 @@ class TrainSettings:
     compile: bool  # torch.compile (GPU only)
     pad_multiple: int = 1  # batch lengths padded to a multiple of this
     sdpa_backend: str = "default"  # scaled_dot_product_attention's kernel (GPU only; 'default': torch's choice)
+    pack: bool = False  # several pairs per row (GPU only): ablations/data/batching.py
     beam: int = 4
     alpha: float = 0.6
     extra_len: int = 50  # maximum output length = source length + extra_len
@@ -267,13 +271,13 @@ class TrainSettings:
     def to_dict(self) -> dict:
         """The settings as config.json records them; the GPU-only fields only where set, so that a CPU run's record
         (and the hash that names its folder) is what it was before they existed."""
-        unset = {"pad_multiple": 1, "sdpa_backend": "default"}
+        unset = {"pad_multiple": 1, "sdpa_backend": "default", "pack": False}
         return {k: v for k, v in asdict(self).items() if k not in unset or unset[k] != v}
 
 
 def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: int | None = None) -> TrainSettings:
-    """The row's training and scoring settings under the budget: the budget's precision (bf16) and compilation on a GPU
-    only."""
+    """The row's training and scoring settings under the budget: the budget's precision (bf16), compilation and
+    packing on a GPU only."""
     gpu = device.type == "cuda"
     return TrainSettings(
         steps=row_steps(row, b),
@@ -289,6 +293,7 @@ def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: 
         compile=b.compile and gpu,
         pad_multiple=b.pad_multiple,
         sdpa_backend=b.sdpa_backend if gpu else "default",
+        pack=b.pack and gpu,
     )
 
 

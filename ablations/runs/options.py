@@ -89,11 +89,14 @@ def budget_with(
     sdpa_backend: str | None = None,
     checkpoint_every: int | None = None,
     precision: str | None = None,
+    pack: bool | None = None,
 ) -> Budget:
     """The named budget with the command line's overrides, where given."""
     b = budget(name)
     if precision is not None:
         b = b.replace(precision=precision)
+    if pack is not None:
+        b = b.replace(pack=pack)
     if checkpoint_every is not None:
         b = b.replace(checkpoint_every=checkpoint_every)
     if compile is not None:
@@ -128,8 +131,9 @@ def check_runs_folder(runs: Path) -> None:
         raise ValueError(f"--runs {runs}: cannot write there ({exc.strerror or exc}); give a writable folder") from None
 
 
-def check_model(parsed: ModelSpec, b: Budget, preset: str) -> None:
-    """The spec builds the grid's base row and its parameter_groups() work; overrides the grid would drop are refused."""
+def check_model(parsed: ModelSpec, b: Budget, preset: str, packed: bool = False) -> None:
+    """The spec builds the grid's base row and its parameter_groups() work, and takes packed batches where the grid
+    trains on them (`packed`); overrides the grid would drop are refused."""
     spec = str(parsed)
     rows_set = sorted(set(parsed.overrides) & set(field_names()))
     if rows_set:
@@ -159,6 +163,12 @@ def check_model(parsed: ModelSpec, b: Budget, preset: str) -> None:
         raise ValueError(
             f"--model {spec}: parameter_groups() raised {type(exc).__name__}: {' '.join(str(exc).split())}"
         ) from None
+    if packed and not getattr(model, "takes_segments", False):
+        raise ValueError(
+            f"--model {spec}: budget {b.name} packs several pairs per row on a GPU, which this model cannot take (it "
+            "has no takes_segments = True, or replaces the reference's forward, encode or decode); train it one pair "
+            "per row with --no-pack, or give it takes_segments and a forward(..., segments=) as model/transformer.py's"
+        )
 
 
 def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
@@ -184,6 +194,7 @@ def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
         args.sdpa_backend,
         args.checkpoint_every,
         args.precision,
+        args.pack,
     )
     if args.accumulation is not None and args.accumulation > b.batch_tokens:
         raise ValueError(
@@ -195,7 +206,7 @@ def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
     if device.type == "cpu" and flag:
         raise ValueError(f"{flag}: used on a GPU only (the CPU runs eager, in fp32); leave it out with --device cpu")
     spec, preset = parse_spec(args.model), args.preset or b.preset
-    check_model(spec, b, preset)  # a bad model is named whether or not the data folder is there
+    check_model(spec, b, preset, b.pack and device.type == "cuda")  # named whether or not the data folder is there
     data, runs = data_dir(args.data), Path(args.runs)
     check_runs_folder(runs)
     return RunOptions(
@@ -217,9 +228,12 @@ def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
 
 
 def gpu_only_flag(args: argparse.Namespace) -> str | None:
-    """The first option given that only a GPU run takes (torch.compile, an attention kernel, a bf16 precision)."""
+    """The first option given that only a GPU run takes (torch.compile, packing, an attention kernel, a bf16
+    precision)."""
     if args.compile:
         return "--compile"
+    if args.pack:
+        return "--pack"
     if args.sdpa_backend not in (None, "default"):
         return f"--sdpa-backend {args.sdpa_backend}"
     if args.precision not in (None, "fp32"):
@@ -277,6 +291,12 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         "--compile",
         action=argparse.BooleanOptionalAction,
         help="torch.compile the model on a GPU (default: the budget's, on for short and paper)",
+    )
+    run.add_argument(
+        "--pack",
+        action=argparse.BooleanOptionalAction,
+        help="several sentence pairs per row on a GPU, for little padding (default: the budget's, on for short and "
+        "paper)",
     )
     run.add_argument(
         "--sdpa-backend",

@@ -35,16 +35,7 @@ class StepBatches:
 
 def pinned(batch: Batch) -> Batch:
     """The batch in page-locked host memory, from which a copy to the GPU with non_blocking=True does not wait."""
-    pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
-    return Batch(
-        pin(batch.src),
-        pin(batch.tgt),
-        pin(batch.src_pad),
-        pin(batch.tgt_pad),
-        pin(batch.labels),
-        (batch.src_tokens, batch.tgt_tokens),
-        batch.right_padded,
-    )
+    return batch.map(lambda t: t.pin_memory())
 
 
 def next_step(stream: BatchStream, accumulation: int, ranks: Ranks, device: torch.device) -> StepBatches:

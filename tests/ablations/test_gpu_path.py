@@ -179,6 +179,7 @@ def test_the_loss_is_read_back_only_at_logging_and_checkpoint_steps(tmp_path, mo
     [
         (["--compile"], "error: --compile: used on a GPU only (the CPU runs eager, in fp32); leave it out"),
         (["--sdpa-backend", "flash"], "error: --sdpa-backend flash: used on a GPU only"),
+        (["--pack"], "error: --pack: used on a GPU only"),
         (["--sdpa-backend", "fastest"], "argument --sdpa-backend: invalid choice: 'fastest'"),
         (["--precision", "bf16-weights"], "error: --precision bf16-weights: used on a GPU only"),
         (["--precision", "bf16"], "error: --precision bf16: used on a GPU only"),
@@ -193,17 +194,23 @@ def test_gpu_only_flags_on_the_cpu_are_one_line_errors(argv, message, capsys, tm
 
 @needs_data
 @pytest.mark.slow
-def test_the_shapes_report_counts_shapes_and_padding_at_each_multiple_and_times_them(tmp_path, capsys):
-    argv = ["--budget", "smoke", "--steps", "30", "--pad-multiples", "1,8", "--time", "7", "--runs", str(tmp_path)]
-    assert shapes_report.main(argv) == 0
-    rows = [
-        line.split("|")[1:-1]
+def test_the_shapes_report_counts_shapes_and_padding_at_each_multiple_packed_or_not_and_times_them(tmp_path, capsys):
+    argv = ["--budget", "smoke", "--steps", "30", "--pad-multiples", "1,8", "--pack", "--time", "7"]
+    assert shapes_report.main([*argv, "--runs", str(tmp_path)]) == 0
+    rows = {
+        line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[1:-1]]
         for line in capsys.readouterr().out.splitlines()
-        if line.startswith("| 1 |") or line.startswith("| 8 |")
-    ]
-    (plain, padded) = [[cell.strip() for cell in row] for row in rows]
+        if line.startswith("| 1 ") or line.startswith("| 8 ")
+    }
+    plain, padded, packed = rows["1"], rows["8"], rows["8 packed"]
     assert int(padded[1]) < int(plain[1]) and float(padded[3].rstrip("%")) > float(plain[3].rstrip("%"))
-    assert all(float(row[5]) > 0 for row in (plain, padded))
+    assert float(packed[3].rstrip("%")) < float(padded[3].rstrip("%")) and set(rows) == {
+        "1",
+        "1 packed",
+        "8",
+        "8 packed",
+    }
+    assert all(float(row[5]) > 0 for row in rows.values())
 
 
 def test_the_shapes_report_refuses_a_device_it_cannot_use_in_one_line(tmp_path, capsys):

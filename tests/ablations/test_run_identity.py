@@ -74,15 +74,15 @@ COMPARE = {
     ("torch-nn", "normal", "C3"): "df993964",
 }
 # (budget, device, accumulation, changes to the budget): row base, seed 3, reference, another BPE key. A GPU run's
-# identity took its batch padding (pad_multiple 8) and attention kernel (efficient) on 2026-11-26: no GPU run had been
-# published; CPU runs record neither, and keep their names. On 2026-11-29 a GPU run's precision became bf16 weights
-# with fp32 master weights ('bf16-weights', ablations/training/precision.py), a new identity; one under bf16 autocast
-# keeps the name it had.
+# identity took its batch padding (pad_multiple 8) and attention kernel (efficient) on 2026-11-26, and on 2026-11-29
+# its packing (pack, several pairs per row) and its precision: bf16 weights with fp32 master weights ('bf16-weights',
+# ablations/training/precision.py), or bf16 autocast where asked. No GPU run had been published; CPU runs record none of
+# them, and keep their names.
 OTHERS = {
-    ("short", "cuda", None, ()): "d03de0a2",
-    ("short", "cuda", None, (("precision", "bf16"),)): "557b0d0c",
-    ("paper", "cuda", 4, ()): "3cc1df09",
-    ("paper", "cuda", 4, (("precision", "bf16"),)): "b0f5c254",
+    ("short", "cuda", None, ()): "d1ec0de8",
+    ("short", "cuda", None, (("precision", "bf16"),)): "09e92e28",
+    ("paper", "cuda", 4, ()): "57e128fd",
+    ("paper", "cuda", 4, (("precision", "bf16"),)): "2182af57",
     ("cpu-xavier", "cpu", None, ()): "25a70cf4",
     ("smoke", "cpu", 2, (("lr_peak", 1e-3), ("warmup", 7))): "6dcd0bb2",
 }

@@ -91,6 +91,22 @@ def test_a_training_step_reads_no_tensor_back_and_its_loss_only_when_the_caller_
     assert reads == ["item"]  # the counter sees a read where there is one
 
 
+def packed_micro_batches(device: torch.device) -> list[Batch]:
+    stream = BatchStream(*varied_pairs(40), max_tokens=200, seed=1, pad_multiple=8, pack=True)
+    return [stream.next().to(device) for _ in range(2)]
+
+
+def test_a_packed_training_step_reads_no_tensor_back(monkeypatch, gpu_like_attention):
+    torch.manual_seed(0)
+    model = Transformer(TINY)
+    optimizer = T.make_optimizer(model, torch.device("cpu"))
+    batches = packed_micro_batches(torch.device("cpu"))
+    assert batches[0].packed
+    with counted_reads(monkeypatch) as reads:
+        T.train_step(model, T.loss_of(model), optimizer, batches, lr=1e-3)
+    assert reads == []
+
+
 def test_a_batch_moved_to_the_device_carries_its_token_counts_so_counting_them_reads_nothing(monkeypatch):
     src, tgt = varied_pairs(8)
     counted, uncounted = make_batch(src, tgt), make_batch(src, tgt)
@@ -106,12 +122,14 @@ def test_a_batch_moved_to_the_device_carries_its_token_counts_so_counting_them_r
 
 @needs_cuda
 @pytest.mark.parametrize("precision", ["bf16", "bf16-weights"])
-def test_a_training_step_on_a_gpu_makes_no_synchronising_call(precision):
+@pytest.mark.parametrize("packed", [False, True], ids=["one pair per row", "packed"])
+def test_a_training_step_on_a_gpu_makes_no_synchronising_call(precision, packed):
     cuda = torch.device("cuda")
     torch.manual_seed(0)
     model = Transformer(TINY).to(cuda)
     forward, optimizer = for_training(model, T.make_optimizer(model, cuda), precision)
-    batches, autocast = micro_batches(cuda), step_autocast(precision)
+    batches = packed_micro_batches(cuda) if packed else micro_batches(cuda)
+    autocast = step_autocast(precision)
     T.train_step(forward, T.loss_of(model), optimizer, batches, lr=1e-3, autocast=autocast)  # Adam's state made
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

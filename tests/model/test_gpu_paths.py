@@ -3,11 +3,13 @@ cross-attention's K, V in one), in training and in decoding, standing aside for 
 causal kernel with no mask for a right-padded target in training. Forced on the CPU here, in float64, where a
 difference beyond round-off is a bug, not rounding."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from ablations.data.batching import make_batch
+from ablations.data.batching import make_batch, make_packed_batch
 from invariants.mutants.subtle import QueryBiasAfterScale
 from model import Transformer, TransformerConfig, attention, load_model, transformer
 from model.batch import Batch
@@ -105,11 +107,15 @@ def causal_kernel(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(transformer, "causal_kernel_applies", lambda x: True)
 
 
-def right_padded_batch() -> Batch:
+def right_padded_pairs() -> tuple[list[list[int]], list[list[int]]]:
     g = torch.Generator().manual_seed(2)
     src = [torch.randint(4, 50, (n,), generator=g).tolist() + [3] for n in (8, 3, 5)]
     tgt = [torch.randint(4, 50, (n,), generator=g).tolist() for n in (2, 6, 4)]
-    return make_batch(src, tgt)
+    return src, tgt
+
+
+def right_padded_batch() -> Batch:
+    return make_batch(*right_padded_pairs())
 
 
 def training_loss(model: Transformer, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -182,3 +188,15 @@ def test_on_a_gpu_the_stacked_causal_path_gives_the_cpus_loss_and_gradients_in_f
     torch.testing.assert_close(on_gpu.cpu(), on_cpu, rtol=1e-10, atol=1e-10)
     for name in cpu_grads:
         torch.testing.assert_close(gpu_grads[name].cpu(), cpu_grads[name], rtol=1e-10, atol=1e-10, msg=name)
+
+
+def test_a_packed_batch_keeps_its_pairs_mask_even_marked_right_padded(causal_kernel):
+    torch.manual_seed(0)
+    model = trained_looking(Transformer(CONFIG)).train()
+    src, tgt = right_padded_pairs()
+    packed = replace(make_packed_batch([src[:2], src[2:]], [tgt[:2], tgt[2:]]), right_padded=True)
+    seen: list[bool] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(F, "scaled_dot_product_attention", spy(F.scaled_dot_product_attention, seen))
+        training_loss(model, packed)
+    assert packed.packed and True not in seen

@@ -72,6 +72,7 @@ CUDA_TESTS = (
     "tests/ablations/test_prefetch.py",
     "tests/model/test_gpu_paths.py",
     "tests/ablations/test_precision.py",
+    "tests/model/test_packing.py",
 )
 DEVICE_TESTS = (
     "tests/ablations/test_gpu_path.py",
