@@ -3,8 +3,18 @@
 from ablations.bench.check.targets import bench_targets, runner_targets
 
 
-def training(system: str, mode: str, backend: str, rate: float | None, mfu: float | None = None) -> dict:
-    return {"size": "base", "system": system, "mode": mode, "backend": backend, "tgt_tokens_per_s": rate, "mfu": mfu}
+def training(
+    system: str, mode: str, backend: str, rate: float | None, mfu: float | None = None, precision: str = "bf16 autocast"
+) -> dict:
+    return {
+        "size": "base",
+        "system": system,
+        "mode": mode,
+        "backend": backend,
+        "tgt_tokens_per_s": rate,
+        "mfu": mfu,
+        "precision": precision,
+    }
 
 
 def bench(training_rows: list[dict], beam: float | None = 300.0, generate: float | None = 100.0) -> dict:
@@ -24,7 +34,7 @@ def test_mfu_takes_the_reference_at_its_fastest_mode_on_the_runners_backend():
         training("hf-marian", "compiled", "efficient", 120_000.0),
     ]
     mfu, *_, beam = bench_targets(bench(rows))
-    assert mfu == "| base: training step MFU (compiled, efficient) | 36.0% | >= 35% | met |"
+    assert mfu == "| base: training step MFU (compiled, efficient, bf16 autocast) | 36.0% | >= 35% | met |"
     assert beam == "| base: beam search output tokens/s over HF generate | 3.00x | >= 2.0x | met |"
 
 
@@ -44,6 +54,17 @@ def test_the_reference_is_compared_with_hf_marian_mode_by_mode_never_compiled_ag
     assert compiled == (
         "| base: training tokens/s (compiled, efficient) over HF Marian compiled, efficient | 1.20x | >= 1.5x | not met |"
     )  # 180k over Marian eager's 60k would have read 3.00x, met
+
+
+def test_the_reference_is_compared_with_hf_marian_at_marians_precision_and_judged_for_mfu_at_its_fastest():
+    rows = [
+        training("reference", "eager", "efficient", 100_000.0, 0.20),
+        training("reference", "eager", "efficient", 140_000.0, 0.28, precision="bf16 weights"),
+        training("hf-marian", "eager", "efficient", 80_000.0),
+    ]
+    mfu, eager, _ = bench_targets(bench(rows))
+    assert mfu.startswith("| base: training step MFU (eager, efficient, bf16 weights) | 28.0% |")
+    assert eager.startswith("| base: training tokens/s (eager, efficient) over HF Marian eager, efficient | 1.25x |")
 
 
 def test_a_compiled_step_without_marians_compiled_twin_is_not_measured_and_says_why():

@@ -34,10 +34,12 @@ def why_not(rows: list[dict], **match: str) -> str:
 
 
 def ratio_row(size: str, rows: list[dict], mode: str, backend: str) -> str:
-    """The reference's tokens/s in `mode` at the runner's backend over HF Marian's fastest in the same mode: an eager
-    step against an eager one, a compiled against a compiled, never across (a compile's gain is not the model's)."""
-    ours = fastest(rows, system="reference", mode=mode, backend=backend)
+    """The reference's tokens/s in `mode` at the runner's backend over HF Marian's fastest in the same mode and at
+    the same precision: an eager step against an eager one, a compiled against a compiled, autocast against autocast,
+    never across (a compile's gain, or bf16 weights', is not the model's)."""
     peer = fastest(rows, system="hf-marian", mode=mode)
+    same = {"precision": peer["precision"]} if peer and "precision" in peer else {}
+    ours = fastest(rows, system="reference", mode=mode, backend=backend, **same)
     against = f"HF Marian {mode}" + (f", {peer['backend']}" if peer else "")
     target = f"{size}: training tokens/s ({mode}, {backend}) over {against}"
     if ours and peer:
@@ -49,13 +51,14 @@ def ratio_row(size: str, rows: list[dict], mode: str, backend: str) -> str:
 
 
 def bench_targets(bench: dict) -> list[str]:
-    """MFU of the reference at the attention backend the runner uses, eager or compiled, whichever is faster; its
+    """MFU of the reference at the attention backend the runner uses, at its fastest mode and precision; its
     tokens/s over HF Marian's mode by mode (ratio_row); and beam search against HF generate, per size."""
     lines = []
     for size in dict.fromkeys(r["size"] for r in bench["training"]):
         rows = [r for r in bench["training"] if r["size"] == size]
         ours = fastest(rows, system="reference", backend=bench["backend"])
-        mfu, how = (ours.get("mfu"), f"{ours['mode']}, {ours['backend']}") if ours else (None, "-")
+        how = ", ".join(str(ours[k]) for k in ("mode", "backend", "precision") if k in ours) if ours else "-"
+        mfu = ours.get("mfu") if ours else None
         lines.append(
             row(
                 f"{size}: training step MFU ({how})",
