@@ -112,9 +112,9 @@ class MultiHeadAttention(nn.Module):
         return x.view(B, T, self.h, -1).transpose(1, 2)  # (B, h, T, d)
 
     def _plain(self) -> bool:
-        """Whether W^Q, W^K and W^V are the linears this module built, with no wrapper or hook that one stacked product
-        would bypass (a check's mutant wraps W^Q, say)."""
-        return all(
+        """Whether this is the module as written, and W^Q, W^K and W^V the linears it built, with no subclass, wrapper
+        or hook that one stacked product would bypass (a check's mutant overrides `_keys_values` or wraps W^Q, say)."""
+        return type(self) is MultiHeadAttention and all(
             type(m) is nn.Linear and m.bias is not None and not (m._forward_hooks or m._forward_pre_hooks)
             for m in (self.w_q, self.w_k, self.w_v)
         )
@@ -127,11 +127,11 @@ class MultiHeadAttention(nn.Module):
         weight, bias = torch.cat([m.weight for m in linears]), torch.cat([m.bias for m in linears])
         return [self._heads(y) for y in F.linear(x, weight, bias).split([m.out_features for m in linears], dim=-1)]
 
-    def _keys_values(self, source: Tensor, cache: KVCache | None, fused: bool) -> tuple[Tensor, Tensor]:
+    def _keys_values(self, source: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
         name = f"{self.kind}.{self.layer}"
         if cache is not None and self.kind == "cross" and name in cache.kv:
             return cache.kv[name]  # the memory does not change between decoding steps
-        k, v = self._project(source, (self.w_k, self.w_v), fused)
+        k, v = self._project(source, (self.w_k, self.w_v), fuses_projections(source) and self._plain())
         return self._cached(name, k, v, cache)
 
     def _cached(self, name: str, k: Tensor, v: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor]:
@@ -156,7 +156,7 @@ class MultiHeadAttention(nn.Module):
             k, v = self._cached(f"{self.kind}.{self.layer}", k, v, cache)
         else:
             (q,) = self._project(x, (self.w_q,), fused=False)
-            k, v = self._keys_values(source, cache, fused)
+            k, v = self._keys_values(source, cache)
         B, _, T, _ = q.shape
         beams = cache.beams if cache is not None and self.kind == "cross" else 1
         if beams > 1:

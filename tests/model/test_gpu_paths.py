@@ -92,6 +92,16 @@ def test_a_wrapped_query_linear_is_not_bypassed_by_the_stacked_product(stacked):
     assert not torch.allclose(stacked_mutant, stacked(True, lambda: reference(*batch)), rtol=1e-6, atol=1e-6)
 
 
+def test_a_subclass_that_computes_keys_and_values_its_own_way_is_not_bypassed_by_the_stacked_product(stacked):
+    torch.manual_seed(0)
+    square = CONFIG.replace(d_v=CONFIG.d_k)  # its values are keys: of the keys' width
+    mutant = trained_looking(load_model("mutant:values_from_key_projection", config=square)).eval()
+    batch = padded_batch()
+    torch.testing.assert_close(
+        stacked(True, lambda: mutant(*batch)), stacked(False, lambda: mutant(*batch)), rtol=1e-12, atol=1e-12
+    )
+
+
 def test_a_hook_on_a_projection_still_sees_every_call_when_stacking_is_on(stacked):
     torch.manual_seed(0)
     model = trained_looking(Transformer(CONFIG)).eval()
