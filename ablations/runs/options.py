@@ -16,8 +16,16 @@ from pathlib import Path
 import torch
 
 from ablations.data.corpora import ENV_VAR, PRESETS, DataError, data_dir
-from ablations.runs.budgets import BUDGETS, INIT_RULES, SDPA_BACKENDS, Budget, budget, row_config, select_rows
-from ablations.runs.budgets import PRECISIONS
+from ablations.runs.budgets import (
+    BUDGETS,
+    INIT_RULES,
+    PRECISIONS,
+    SDPA_BACKENDS,
+    Budget,
+    budget,
+    row_config,
+    select_rows,
+)
 from model import SpecError, count_parameters, load_model
 from model.config import field_names
 from model.registry import ModelSpec, default_spec, lookup, parse_spec

@@ -16,16 +16,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ablations.data.batching import BatchStream, make_batch
 from ablations.runs import folder as R
-from ablations.runs.budgets import BUDGETS, select_rows, settings_for
+from ablations.runs.budgets import BUDGETS, PRECISIONS, select_rows, settings_for
 from ablations.runs.options import budget_with
 from ablations.training import train as T
 from ablations.training.backends import sdpa_backend
-from ablations.runs.budgets import PRECISIONS
 from ablations.training.precision import for_training
-from model.params import working_copy
 from model import Transformer
 from model.attention import MultiHeadAttention
 from model.batch import Batch
+from model.params import working_copy
 from tests.ablations.test_gpu_path import TINY, tiny_run, varied_pairs
 from tests.helpers import needs_cuda
 

@@ -105,7 +105,7 @@ def wait_for(log, text: str, proc, timeout: float = 120) -> None:
 
 
 @pytest.mark.parametrize("started", ["together", "staggered"])
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 4])  # fewer processes than runs, and as many: each run taken once either way
 def test_n_processes_on_one_runs_folder_train_every_run_exactly_once(n, started, tmp_path, cache, alone):
     runs = runs_folder(tmp_path / "runs", cache)
     logs = [tmp_path / f"p{i}.log" for i in range(n)]
