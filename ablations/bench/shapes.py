@@ -4,11 +4,16 @@
     python -m ablations.bench.shapes --budget cpu --steps 1000 --pad-multiples 1,8 --time 100
     python -m ablations.bench.shapes --budget short --steps 300 --time 300 --device cuda   # bf16, eager, on a GPU
     python -m ablations.bench.shapes --budget short --steps 1000 --pad-multiples 1,8 --pack  # packed rows beside
+    python -m ablations.bench.shapes --budget short --steps 50 --pad-multiples 8 --pack --compiles  # graphs compiled
 
 Each new shape costs a compiled model a recompile and cuDNN's attention a new execution plan (docs/benchmark.md,
 "On a GPU"). Reads the budget's real training stream (its data preset, BPE and batch size); `--time N` also times N
-training steps of the budget's base row at each multiple (bf16 autocast on a GPU), interleaved, on the same batches,
-and reports real (non-pad) tokens per second. The padding floor is the share that no batching goes under at that
+training steps of the budget's base row at each multiple (in the budget's precision on a GPU), interleaved, on the
+same batches, and reports real (non-pad) tokens per second. `--compiles` counts the graphs that the runner's compile
+makes over each stream's steps (the stream's first batch with equal source and target lengths put first, where duck
+sizing would have tied them): dynamo's eager backend on the CPU, which traces and guards as inductor does, a narrow
+model of the base row's layers in bf16 weights, and the GPU's attention choices made on the CPU
+(ablations/bench/launches.py). The padding floor is the share that no batching goes under at that
 multiple (`padding_floor`). `--pack` adds each multiple's packed stream (several pairs per row, as `short` and `paper`
 train on a GPU; its floor is then that of the rows as packed).
 """
@@ -26,9 +31,12 @@ import torch
 from ablations.data.batching import BatchStream, round_up
 from ablations.data.corpora import data_dir
 from ablations.grid.runner import describe_device, prepare_data
-from ablations.runs.budgets import BUDGETS, budget, row_config, select_rows
+from ablations.bench.launches import on_a_gpu
+from ablations.runs.budgets import BF16_WEIGHTS, BUDGETS, budget, row_config, select_rows, step_autocast
 from ablations.runs.options import failed
 from ablations.training.backends import sdpa_backend
+from ablations.training.compiling import compile_model, compiles
+from ablations.training.precision import for_training
 from ablations.training.train import loss_of, make_optimizer, train_step
 from model import TransformerConfig, load_model
 from model.batch import Batch
@@ -60,26 +68,54 @@ def step_times(
     batches_by_stream: dict[tuple[int, bool], list[Batch]],
     config: TransformerConfig,
     device: torch.device,
+    precision: str,
     warmup: int = 5,
 ) -> dict[tuple[int, bool], tuple[float, float]]:
     """(median seconds of a training step, real tokens per second) at each (multiple, packed) stream, the streams
-    interleaved step by step, one model each; reading the loss back waits for the device, so each step is timed whole."""
+    interleaved step by step, one model each, in `precision` (ablations/training/precision.py); reading the loss back
+    waits for the device, so each step is timed whole."""
     systems = {}
     for stream in batches_by_stream:
         torch.manual_seed(0)
         model = load_model("reference", config=config).to(device).train()
-        systems[stream] = (model, make_optimizer(model, device), [], [0])
-    autocast = torch.bfloat16 if device.type == "cuda" else None
+        forward, optimizer = for_training(model, make_optimizer(model, device), precision)
+        systems[stream] = (model, forward, optimizer, [], [0])
     steps = min(len(b) for b in batches_by_stream.values())
     for i in range(steps):
-        for stream, (model, optimizer, times, tokens) in systems.items():
+        for stream, (model, forward, optimizer, times, tokens) in systems.items():
             batch = batches_by_stream[stream][i].to(device)
             started = time.perf_counter()
-            train_step(model, loss_of(model), optimizer, [batch], 1e-4, autocast).item()
+            train_step(forward, loss_of(model), optimizer, [batch], 1e-4, step_autocast(precision)).item()
             if i >= warmup:
                 times.append(time.perf_counter() - started)
                 tokens[0] += batch.src_tokens + batch.tgt_tokens
-    return {m: (statistics.median(times), tokens[0] / sum(times)) for m, (_, _, times, tokens) in systems.items()}
+    return {m: (statistics.median(times), tokens[0] / sum(times)) for m, (*_, times, tokens) in systems.items()}
+
+
+def equal_lengths_first(batches: list[Batch]) -> tuple[list[Batch], bool]:
+    """The batches with the first whose source and target lengths are equal moved to the front, and whether there
+    was one."""
+    equal = next((i for i, b in enumerate(batches) if b.src.shape[1] == b.tgt.shape[1]), None)
+    if equal is None:
+        return batches, False
+    return [batches[equal], *batches[:equal], *batches[equal + 1 :]], True
+
+
+def graphs_compiled(batches: list[Batch], config: TransformerConfig) -> str:
+    """Graphs the runner's compile makes over training steps on `batches` (`equal_lengths_first`), the GPU's path made
+    on the CPU (bf16 weights, its attention choices) and traced by dynamo's eager backend (1: no recompile), and
+    whether the first batch's lengths were equal."""
+    ordered, equal = equal_lengths_first(batches)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = load_model("reference", config=config).train()
+    forward, optimizer = for_training(model, make_optimizer(model, torch.device("cpu")), BF16_WEIGHTS)
+    forward = compile_model(forward, backend="eager")
+    before = compiles()
+    with on_a_gpu(stacked=True, causal=True):
+        for batch in ordered:
+            train_step(forward, loss_of(model), optimizer, [batch], 1e-4)
+    return f"{compiles() - before} ({'the first batch S = T' if equal else 'no batch with S = T'})"
 
 
 @stops_cleanly("nothing was written; run it again")
@@ -90,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pad-multiples", default="1,8", help="comma list of pad multiples (default 1,8)")
     p.add_argument("--pack", action="store_true", help="also read each multiple's packed stream")
     p.add_argument("--time", type=int, default=0, help="also time this many base-row steps per multiple")
+    p.add_argument("--compiles", action="store_true", help="also count the graphs compiled over each stream's steps")
     p.add_argument("--device", default="cpu", help="where --time trains: cpu, cuda, cuda:N (default cpu)")
     p.add_argument("--data", default=None, help="data folder (default: $AIAYN_DATA or ../shared/data)")
     p.add_argument("--runs", default="runs", help="where the BPE cache lives (default runs)")
@@ -109,21 +146,27 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "| pad multiple | distinct shapes | distinct (S, T) | padding share | real tokens per step |"
         + (f" step s on {describe_device(device)} (median) | real tokens/s |" if args.time else "")
+        + (" graphs compiled |" if args.compiles else "")
         + " padding floor (rows rounded alone) |",
-        "|---|---|---|---|---|" + ("---|---|" if args.time else "") + "---|",
+        "|---|---|---|---|---|" + ("---|---|" if args.time else "") + ("---|" if args.compiles else "") + "---|",
     ]
     batches = {}  # by (multiple, packed)
     for m, pack in [(m, pack) for m in multiples for pack in ((False, True) if args.pack else (False,))]:
         stream = BatchStream(data.train_src, data.train_tgt, micro, seed=1, pad_multiple=m, pack=pack)
         batches[m, pack] = [stream.next() for _ in range(args.steps)]
     config = row_config(select_rows("base")[0], b, data.sp.get_piece_size())
+    precision = b.precision if device.type == "cuda" else "fp32"
     with sdpa_backend(b.sdpa_backend if device.type == "cuda" else "default"):  # the budget's kernel, as a run's
-        timed = step_times({key: bs[: args.time] for key, bs in batches.items()}, config, device) if args.time else {}
+        few = {key: bs[: args.time] for key, bs in batches.items()}
+        timed = step_times(few, config, device, precision) if args.time else {}
+    narrow = config.replace(N=1, d_model=64, d_ff=128, d_k=8, d_v=8)  # the graphs do not depend on the widths
+    graphs = {key: graphs_compiled(bs, narrow) for key, bs in batches.items()} if args.compiles else {}
     for (m, pack), stream in batches.items():
         s = stream_shapes(stream)
         lines.append(
             f"| {m}{' packed' if pack else ''} | {s['shapes']:.0f} | {s['lengths']:.0f} | {s['padding']:.1%} | {s['real_tokens_per_step']:.0f} |"
             + (f" {timed[m, pack][0]:.4f} | {timed[m, pack][1]:,.0f} |" if timed else "")
+            + (f" {graphs[m, pack]} |" if graphs else "")
             + f" {padding_floor(stream, m):.1%} |"
         )
     print("\n".join(lines))

@@ -217,3 +217,13 @@ def test_the_shapes_report_refuses_a_device_it_cannot_use_in_one_line(tmp_path, 
     assert shapes_report.main(["--budget", "smoke", "--time", "2", "--device", "cuda:7", "--runs", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --device cuda:7") and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_the_shapes_report_counts_one_graph_over_varied_packed_shapes_with_equal_lengths_first():
+    stream = BatchStream(*varied_pairs(400), max_tokens=120, seed=6, pad_multiple=8, pack=True)
+    batches = [stream.next() for _ in range(6)]
+    ordered, equal = shapes_report.equal_lengths_first(batches)
+    assert equal and ordered[0] is batches[1] and ordered[0].src.shape[1] == ordered[0].tgt.shape[1]
+    assert len({(*b.src.shape, b.tgt.shape[1]) for b in batches}) == 6
+    assert shapes_report.graphs_compiled(batches, TINY) == "1 (the first batch S = T)"
