@@ -49,11 +49,10 @@ from ablations.data.batching import BatchStream
 from ablations.data.corpora import data_dir
 from ablations.grid.prepared import load_prepared, save_prepared
 from ablations.grid.runner import PreparedData, describe_device, prepare_data
-from ablations.runs.budgets import budget, row_config, select_rows
+from ablations.runs.budgets import BF16_WEIGHTS, budget, row_config, select_rows
 from ablations.runs.options import FORESEEN, failed
 from ablations.training.backends import SDPA_BACKENDS
 from ablations.training.peaks import peak_flops
-from ablations.runs.budgets import BF16_WEIGHTS
 from ablations.training.precision import for_training
 from ablations.training.train import make_optimizer
 from model import TransformerConfig, count_parameters
