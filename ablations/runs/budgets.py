@@ -15,8 +15,8 @@ from model.config import TransformerConfig
 from model.objective import ADAM_BETAS, ADAM_EPS
 from model.table3 import Table3Row, table3_rows
 
-# A run's precision (ablations/training/precision.py): fp32 (the CPU's), bf16 autocast over fp32 weights, or a bf16
-# working copy of the model stepping fp32 master weights (a GPU's default).
+# A run's precision (ablations/training/precision.py): fp32 (the CPU's default), bf16 autocast over fp32 weights, or a
+# bf16 working copy of the model stepping fp32 master weights (a GPU's default; on a CPU, slower, but the same steps).
 PRECISIONS = ("fp32", "bf16", "bf16-weights")
 BF16_WEIGHTS = "bf16-weights"
 
@@ -63,13 +63,13 @@ class Budget:
     init: str = "xavier"  # one of INIT_RULES
     pad_multiple: int = 1  # each batch's lengths padded to a multiple of this (8 on a GPU: few distinct shapes)
     sdpa_backend: str = "efficient"  # scaled_dot_product_attention's kernel on a GPU (ablations/training/backends.py)
-    precision: str = "bf16-weights"  # a GPU run's (ablations/training/precision.py); the CPU trains in fp32
+    precision: str | None = None  # one of PRECISIONS; None: the device's, bf16-weights on a GPU and fp32 on the CPU
     pack: bool = False  # several pairs per row on a GPU (ablations/data/batching.py): little padding at multiple 8
 
     def __post_init__(self) -> None:
         if self.init not in INIT_RULES:
             raise ValueError(f"init rule {self.init!r}: give one of {', '.join(INIT_RULES)}")
-        if self.precision not in PRECISIONS:
+        if self.precision is not None and self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r}: give one of {', '.join(PRECISIONS)}")
         if self.sdpa_backend not in SDPA_BACKENDS:
             raise ValueError(f"attention backend {self.sdpa_backend!r}: give one of {', '.join(SDPA_BACKENDS)}")
@@ -276,8 +276,8 @@ class TrainSettings:
 
 
 def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: int | None = None) -> TrainSettings:
-    """The row's training and scoring settings under the budget: the budget's precision (bf16), compilation and
-    packing on a GPU only."""
+    """The row's training and scoring settings under the budget: compilation and packing on a GPU only; the budget's
+    precision if it names one, else bf16 weights on a GPU and fp32 on the CPU."""
     gpu = device.type == "cuda"
     return TrainSettings(
         steps=row_steps(row, b),
@@ -289,7 +289,7 @@ def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: 
         log_every=b.log_every,
         eval_every=b.eval_every,
         checkpoint_every=b.checkpoint_every,
-        precision=b.precision if gpu else "fp32",
+        precision=b.precision or (BF16_WEIGHTS if gpu else "fp32"),
         compile=b.compile and gpu,
         pad_multiple=b.pad_multiple,
         sdpa_backend=b.sdpa_backend if gpu else "default",

@@ -236,16 +236,13 @@ def from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
 
 
 def gpu_only_flag(args: argparse.Namespace) -> str | None:
-    """The first option given that only a GPU run takes (torch.compile, packing, an attention kernel, a bf16
-    precision)."""
+    """The first option given that only a GPU run takes (torch.compile, packing, an attention kernel)."""
     if args.compile:
         return "--compile"
     if args.pack:
         return "--pack"
     if args.sdpa_backend not in (None, "default"):
         return f"--sdpa-backend {args.sdpa_backend}"
-    if args.precision not in (None, "fp32"):
-        return f"--precision {args.precision}"
     return None
 
 
@@ -316,8 +313,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         "--precision",
         choices=PRECISIONS,
         action="once",
-        help="a GPU run's: bf16-weights (default; bf16 weights and activations, fp32 master weights), bf16 (autocast), "
-        "fp32",
+        help="bf16-weights (a GPU's default: bf16 weights and activations, fp32 master weights), bf16 (autocast) or "
+        "fp32 (the CPU's default; a bf16 precision there is slower, for cross-checks)",
     )
     run.add_argument(
         "--checkpoint-every",

@@ -175,14 +175,15 @@ def test_a_bf16_weights_run_checkpoints_fp32_master_weights_and_resumes_exactly(
     assert [r["step"] for r in R.read_metrics(cut.directory)] == [4, 8]
 
 
-def test_a_gpu_run_trains_bf16_weights_unless_asked_for_autocast_or_fp32_and_a_cpu_run_fp32():
+def test_a_run_trains_the_precision_asked_for_else_bf16_weights_on_a_gpu_and_fp32_on_the_cpu():
     row, cuda = select_rows("base")[0], torch.device("cuda")
     assert settings_for(row, BUDGETS["short"], cuda).precision == "bf16-weights"
+    assert settings_for(row, BUDGETS["short"], CPU).precision == "fp32"
     autocasts = {}  # (evaluation's, the training step's)
     for precision in PRECISIONS:
         settings = settings_for(row, budget_with("short", precision=precision), cuda)
         assert settings.precision == precision
-        assert settings_for(row, budget_with("short", precision=precision), CPU).precision == "fp32"
+        assert settings_for(row, budget_with("short", precision=precision), CPU).precision == precision
         autocasts[precision] = (settings.autocast, settings.step_autocast)
     # bf16-weights: the step's copy is bf16 already; evaluation reads the fp32 master under autocast, as bf16 does.
     assert autocasts == {"fp32": (None, None), "bf16": (BF16, BF16), "bf16-weights": (BF16, None)}
