@@ -47,6 +47,12 @@ def explicit_is_faster(q: Tensor, k: Tensor) -> bool:
     return q.device.type == "cpu" and (q.size(-1) < 64 or k.size(-2) <= 64)
 
 
+def causal_mask(queries: int, keys: int, offset: int, device: torch.device | None = None) -> Tensor:
+    """(queries, keys) bool: the query at absolute position offset + i may see keys at positions <= offset + i."""
+    q = torch.arange(queries, device=device).unsqueeze(1) + offset
+    return torch.arange(keys, device=device).unsqueeze(0) <= q
+
+
 def fuses_projections(x: Tensor) -> bool:
     """Whether Q, K and V (self-attention), or K and V (cross-attention), are computed as one product: on a GPU,
     where one wide GEMM and one launch replace three; on the CPU it was no faster (docs/benchmark.md, tried)."""
@@ -66,8 +72,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, need_weights
     causal kernel, with no mask to read, which lets it skip the masked half and take the flash kernel on a GPU."""
     if allowed is None:
         if need_weights:
-            allowed = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
-            return explicit_attention(q, k, v, allowed)
+            return explicit_attention(q, k, v, causal_mask(q.size(-2), k.size(-2), 0, q.device))
         return F.scaled_dot_product_attention(q, k, v, is_causal=True), None
     if not need_weights and kernels.applies(q, k, v, allowed):
         return kernels.attention(q, k, v, allowed), None

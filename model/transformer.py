@@ -13,7 +13,14 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from model.attention import Attend, AttentionRecord, MultiHeadAttention, attend, causal_kernel_applies
+from model.attention import (
+    Attend,
+    AttentionRecord,
+    MultiHeadAttention,
+    attend,
+    causal_kernel_applies,
+    causal_mask,
+)
 from model.cache import KVCache
 from model.config import TransformerConfig
 from model.init import initialise
@@ -31,12 +38,6 @@ from model.objective import label_smoothed_loss, linear_label_smoothed_loss
 from model.paper_params import PaperParams, export_paper_params, reference_sublayers
 
 HALF = (torch.bfloat16, torch.float16)
-
-
-def causal_mask(queries: int, keys: int, offset: int, device: torch.device | None = None) -> Tensor:
-    """(queries, keys) bool: the query at absolute position offset + i may see keys at positions <= offset + i."""
-    q = torch.arange(queries, device=device).unsqueeze(1) + offset
-    return torch.arange(keys, device=device).unsqueeze(0) <= q
 
 
 def key_padding_allowed(pad: Tensor) -> Tensor:

@@ -210,3 +210,11 @@ def test_a_packed_batch_keeps_its_pairs_mask_even_marked_right_padded(causal_ker
         patch.setattr(F, "scaled_dot_product_attention", spy(F.scaled_dot_product_attention, seen))
         training_loss(model, packed)
     assert packed.packed and True not in seen
+
+
+def test_the_causal_kernels_call_with_probabilities_wanted_gives_the_masked_attention_and_its_probabilities():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 5, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    masked = attention.attend(q, k, v, attention.causal_mask(5, 5, 0), need_weights=True)
+    for got, want in zip(attention.attend(q, k, v, None, need_weights=True), masked):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
