@@ -145,11 +145,10 @@ def model_of(spec: Any, folder: Path, where: pytest.Collector, device: str = "")
 
 def beside(spec: str, folder: Path) -> str:
     """The spec with a relative .py path in its target (`model.py:make,N=2`) made a path under folder."""
-    head, comma, rest = spec.strip().partition(",")
-    path, colon, factory = head.partition(":")
-    if path.endswith(".py") and not Path(path).is_absolute():
-        return f"{folder / path}{colon}{factory}{comma}{rest}"
-    return spec
+    target, variant, pairs = harness("model.registry").split_spec(spec)
+    if not target.endswith(".py") or Path(target).is_absolute():
+        return spec
+    return f"{folder / target}" + (f":{variant}" if variant else "") + (f",{pairs}" if pairs else "")
 
 
 def property_items(parent: pytest.Collector, model: Target) -> list[PropertyItem]:

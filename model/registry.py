@@ -175,10 +175,17 @@ def parse_config_overrides(text: str, where: str = "", config_class: type = Tran
         raise SpecError(f"{where or repr(text)}: {exc}") from None
 
 
-def parse_spec(text: str) -> ModelSpec:
-    """The one parser of spec strings (CLI, nox posargs, AIAYN_MODEL, config.json); a bad one is a SpecError."""
+def split_spec(text: str) -> tuple[str, str, str]:
+    """A spec string's parts as text: its target, the part after ':' ('' without one) and the config overrides after
+    the first ','."""
     head, _, pairs = text.strip().partition(",")
     target, _, variant = head.strip().partition(":")
+    return target, variant, pairs
+
+
+def parse_spec(text: str) -> ModelSpec:
+    """The one parser of spec strings (CLI, nox posargs, AIAYN_MODEL, config.json); a bad one is a SpecError."""
+    target, variant, pairs = split_spec(text)
     if not target:
         raise SpecError(f"model spec {text!r} is empty; try 'reference' or 'path/to/file.py:factory'")
     return ModelSpec(target, variant or None, parse_config_overrides(pairs, f"model spec {text!r}"))

@@ -21,7 +21,7 @@ from typing import Callable
 from model.config import field_names as encoder_decoder_fields
 from model.lm.config import LMConfig, field_names
 from model.lm.protocol import CausalLM, missing_members
-from model.registry import ModelSpec, SpecError, _import, parse_config_overrides
+from model.registry import ModelSpec, SpecError, _import, parse_config_overrides, split_spec
 
 TAKES = ("preset", "name", "path")
 # The shipped adapters and the names they register start with, imported only when such a name is looked up (the hf
@@ -76,8 +76,7 @@ def lookup_lm(name: str) -> LMEntry | None:
 
 def parse_lm_spec(text: str) -> ModelSpec:
     """A decoder-only spec string as typed values (overrides typed by LMConfig's fields); a bad one is a SpecError."""
-    head, _, pairs = text.strip().partition(",")
-    target, _, variant = head.strip().partition(":")
+    target, variant, pairs = split_spec(text)
     return ModelSpec(target, variant or None, parse_config_overrides(pairs, f"model spec {text!r}", LMConfig))
 
 
@@ -93,7 +92,7 @@ def takes_lm_config(factory: object) -> bool:
 
 def is_decoder_only(text: str) -> bool:
     """Whether a spec names a decoder-only model: a registered decoder-only name, or a factory taking an LMConfig."""
-    target, _, variant = text.strip().partition(",")[0].partition(":")
+    target, variant, _ = split_spec(text)
     if lookup_lm(target.strip()) is not None:
         return True
     if not variant or ("." not in target and "/" not in target):
