@@ -17,11 +17,12 @@ import sys
 
 import torch
 
-from ablations.runs.options import failed
+from ablations.bench.launches import on_a_gpu
 from ablations.runs.budgets import PRECISIONS, step_autocast
-from model.params import working_copy
-from model import Transformer, TransformerConfig, attention, kernels
+from ablations.runs.options import failed
+from model import Transformer, TransformerConfig
 from model.batch import Batch
+from model.params import working_copy
 from plumbing.cli import OneLineParser, check_counts
 
 
@@ -62,8 +63,6 @@ def main(argv: list[str] | None = None) -> int:
         check_counts(*((f"--{k.replace('_', '-')}", v) for k, v in vars(args).items()))
     except ValueError as exc:
         return failed(exc)
-    attention.explicit_is_faster = lambda q, k: False  # torch's fused attention, as on a GPU
-    kernels.applies = lambda *args: False
     d = args.d_model
     cfg = TransformerConfig(N=args.layers, d_model=d, d_ff=4 * d, h=8, d_k=d // 8, d_v=d // 8, vocab_size=args.vocab)
     torch.manual_seed(0)
@@ -81,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     losses = {}
     for precision in PRECISIONS:
         trained = working_copy(model) if precision == "bf16-weights" else model
-        by_kind, losses[precision] = saved_bytes(trained, batch, precision)
+        with on_a_gpu(stacked=False, causal=False):  # torch's fused attention, as on a GPU
+            by_kind, losses[precision] = saved_bytes(trained, batch, precision)
         mb = " | ".join(f"{by_kind.get(kind, 0) / 1e6:.1f}" for kind in kinds)
         print(
             f"| {precision} | {sum(by_kind.values()) / 1e6:.1f} | {mb} | {losses[precision]:.5f} | "
