@@ -3,6 +3,10 @@ learning rate."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Callable, Iterator
+
 import torch
 from torch import Tensor
 
@@ -71,6 +75,56 @@ def label_smoothed_loss_by_torch_ops(logits: Tensor, target: Tensor, pad_id: int
 CHUNK_LOGITS = 2**24  # logits made at a time by `linear_label_smoothed_loss`: 64 MB in float32
 
 
+def chunk_rows(rows: int, per_chunk: int) -> list[slice]:
+    """`rows` split into the fewest chunks of at most `per_chunk` rows, their sizes at most one apart, so that each holds
+    all the rows or at least half of `per_chunk`: never a last chunk of one row, a size that torch.compile specialises
+    (a second graph) where the scoring is compiled."""
+    count = max(1, -(-rows // per_chunk))
+    size, longer = divmod(rows, count)
+    bounds = [0]
+    for i in range(count):
+        bounds.append(bounds[-1] + size + (i < longer))
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def chunk_scores(
+    logits: Tensor, target: Tensor, share: Tensor, eps: float, wanted: bool, kernel_allowed: bool = True
+) -> tuple[Tensor, Tensor | None]:
+    """One chunk of `linear_label_smoothed_loss`: sum_n share[n] * row_losses(logits)[n] and, if wanted, its gradient
+    with respect to the logits, in the logits' dtype. The softmax and the loss are computed in float32 (float64 for
+    float64 logits); by the CPU kernel where it takes them and is allowed, else by torch ops."""
+    scores = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+    by_kernel = kernel_allowed and kernels.takes_loss(scores)
+    losses, top, log_sum = (kernels.smoothed_nll if by_kernel else row_losses)(scores, target, eps)
+    total = (losses * share).sum()
+    if not wanted:
+        return total, None
+    return total, logit_gradient(scores, target, top, log_sum, share, eps, by_kernel).to(logits.dtype)
+
+
+def chunk_scores_by_torch_ops(
+    logits: Tensor, target: Tensor, share: Tensor, eps: float, wanted: bool
+) -> tuple[Tensor, Tensor | None]:
+    """`chunk_scores` by torch ops alone: what torch.compile compiles into a few passes over the logits (eager, the
+    casts, the softmax and the gradient are a dozen passes each; ablations/training/compiling.py)."""
+    return chunk_scores(logits, target, share, eps, wanted, kernel_allowed=False)
+
+
+Scorer = Callable[[Tensor, Tensor, Tensor, float, bool], tuple[Tensor, Tensor | None]]
+_SCORER: ContextVar[Scorer] = ContextVar("chunk scorer", default=chunk_scores)
+
+
+@contextmanager
+def chunks_scored_by(scorer: Scorer) -> Iterator[None]:
+    """Within it, `linear_label_smoothed_loss` scores each chunk by `scorer` (a compiled `chunk_scores_by_torch_ops`:
+    a compiled training step's loss), not by `chunk_scores`."""
+    token = _SCORER.set(scorer)
+    try:
+        yield
+    finally:
+        _SCORER.reset(token)
+
+
 class _LinearLabelSmoothedLoss(torch.autograd.Function):
     """`label_smoothed_loss(hidden @ weight^T, ...)` a chunk of rows at a time: each chunk's logits are made, scored
     and turned into the gradients of hidden and weight within the forward pass, then dropped, so that no more than
@@ -88,17 +142,12 @@ class _LinearLabelSmoothedLoss(torch.autograd.Function):
         total = torch.zeros((), dtype=scores, device=hidden.device)
         grad_h = torch.empty_like(h) if wanted else None
         grad_w = torch.zeros(weight.shape, dtype=scores, device=weight.device) if wanted else None
-        rows_per_chunk = max(1, CHUNK_LOGITS // weight.size(0))
+        score = _SCORER.get()
         with torch.autocast(device, enabled=False):  # each matmul in `compute`, as autocast would run the linear
-            for start in range(0, h.size(0), rows_per_chunk):
-                rows = slice(start, start + rows_per_chunk)
-                logits = (h[rows] @ w.T).to(scores)
-                by_kernel = kernels.takes_loss(logits)
-                scored = kernels.smoothed_nll if by_kernel else row_losses
-                losses, top, log_sum = scored(logits, target[rows], eps)
-                total += (losses * share[rows]).sum()
+            for rows in chunk_rows(h.size(0), max(1, CHUNK_LOGITS // weight.size(0))):
+                chunk_total, grad = score(h[rows] @ w.T, target[rows], share[rows], eps, wanted)
+                total += chunk_total
                 if wanted:
-                    grad = logit_gradient(logits, target[rows], top, log_sum, share[rows], eps, by_kernel).to(compute)
                     torch.mm(grad, w, out=grad_h[rows])
                     if grad_w.dtype == compute:  # in place: no (V, d) temporary a chunk
                         grad_w.addmm_(grad.T, h[rows])
@@ -115,7 +164,8 @@ class _LinearLabelSmoothedLoss(torch.autograd.Function):
         return grad_h * grad.to(grad_h.dtype), grad_w * grad.to(grad_w.dtype), None, None, None
 
 
-# Not compiled: a loop over a number of chunks that follows the batch's size, which would recompile at every size.
+# Not compiled with the model: a loop over a number of chunks that follows the batch's size, which would recompile
+# at every size; a compiled step compiles the chunk's scoring instead (`chunks_scored_by`).
 # torch._disable_dynamo is torch.compiler.disable importing torch._dynamo (2 s of CPU) at the first call, not here:
 # a process that imports the model and never trains or compiles (the invariants, the reports) no longer pays for it.
 # Under torch.compile the graph breaks at this call as before (the same graphs: tests/ablations/test_gpu_path.py).

@@ -103,8 +103,8 @@ def equal_lengths_first(batches: list[Batch]) -> tuple[list[Batch], bool]:
 
 def graphs_compiled(batches: list[Batch], config: TransformerConfig) -> str:
     """Graphs the runner's compile makes over training steps on `batches` (`equal_lengths_first`), the GPU's path made
-    on the CPU (bf16 weights, its attention choices) and traced by dynamo's eager backend (1: no recompile), and
-    whether the first batch's lengths were equal."""
+    on the CPU (bf16 weights, its attention choices) and traced by dynamo's eager backend (2, the forward's and the
+    loss's chunk scoring: no recompile), and whether the first batch's lengths were equal."""
     ordered, equal = equal_lengths_first(batches)
     torch._dynamo.reset()
     torch.manual_seed(0)

@@ -9,6 +9,9 @@ its mix-order reduction fuses two reductions only above a size, a guard that a l
 mid-run; docs/benchmark.md, the first GPU run), so that fusion is off. Under DDP the graph is split at its gradient buckets.
 Sizes stay apart symbols (no duck sizing): with torch's default, a first batch whose padded source and target lengths
 are equal gives both one symbol, and the first batch where they differ compiles again.
+The model's loss (model/objective.py's chunked pre-softmax loss) loops over a number of chunks that follows the
+batch's size, so the graph breaks before it; what it does to each chunk's logits (softmax, loss, gradient) is compiled
+as a second graph, in a few passes over the logits instead of eager torch's dozen.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import sys
 from typing import Callable, TypeVar
 
 import torch
+
+from model.objective import Scorer, chunk_scores_by_torch_ops, chunks_scored_by
 
 F = TypeVar("F", bound=Callable)
 
@@ -32,17 +37,36 @@ def compiles() -> int:
 
 
 def compile_model(fn: F, dynamic: bool | None = True, backend: str = "inductor") -> F:
-    """`fn` compiled by torch.compile (inductor on a GPU; tests pass backend='eager' to count graphs cheaply)."""
-    from torch._inductor import config as inductor_config
+    """`fn` compiled by torch.compile (inductor on a GPU; tests pass backend='eager' to count graphs cheaply), with
+    the chunks of its loss scored by a compiled `chunk_scores_by_torch_ops` (one per backend, shared by every model)."""
     from torch.fx.experimental import _config as fx_config
 
-    options = None
-    if backend == "inductor" and hasattr(inductor_config.triton, "mix_order_reduction"):
-        options = {"triton.mix_order_reduction": False}  # a size guard in its fusion decision: a recompile
-    compiled = torch.compile(fn, dynamic=dynamic, backend=backend, options=options)
+    compiled = torch.compile(fn, dynamic=dynamic, backend=backend, options=_options(backend))
+    scorer = compiled_scorer(backend)
 
     def call(*args, **kwargs):
-        with fx_config.patch(use_duck_shape=False):  # read when a call traces: equal sizes keep their own symbols
+        # The patch is read when a call traces: equal sizes keep their own symbols.
+        with fx_config.patch(use_duck_shape=False), chunks_scored_by(scorer):
             return compiled(*args, **kwargs)
 
     return call  # type: ignore[return-value]
+
+
+_SCORERS: dict[str, Scorer] = {}
+
+
+def compiled_scorer(backend: str) -> Scorer:
+    """The loss's chunk scoring compiled with every size symbolic: a chunk's rows vary from batch to batch."""
+    if backend not in _SCORERS:
+        _SCORERS[backend] = torch.compile(
+            chunk_scores_by_torch_ops, dynamic=True, backend=backend, options=_options(backend)
+        )
+    return _SCORERS[backend]
+
+
+def _options(backend: str) -> dict | None:
+    from torch._inductor import config as inductor_config
+
+    if backend == "inductor" and hasattr(inductor_config.triton, "mix_order_reduction"):
+        return {"triton.mix_order_reduction": False}  # a size guard in its fusion decision: a recompile
+    return None

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ablations.bench import scoring
 from ablations.bench.cpu import profiling
 from ablations.bench.cpu.measure import main
 from ablations.bench.variants import FullReorderCache, StridedCrossCache, TorchOpsReorderCache
@@ -199,3 +200,9 @@ def test_a_reports_command_line_shows_absolute_paths_relative_to_the_working_dir
     assert (
         shown_args(["--runs", str(Path.cwd().parent / "runs"), "--sizes", "scaled"]) == "--runs ../runs --sizes scaled"
     )
+
+
+@pytest.mark.parametrize("flags", [["--rows", "0"], ["--repeats", "0"], ["--vocab", "-3"]])
+def test_the_scoring_bench_refuses_a_count_below_one_in_one_line(flags, capsys):
+    assert scoring.main(flags) == 2
+    assert capsys.readouterr().err == f"error: {flags[0]} {flags[1]}: give a whole number of at least 1\n"

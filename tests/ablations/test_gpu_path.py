@@ -14,7 +14,7 @@ from ablations.runs import folder as R
 from ablations.runs.budgets import SDPA_BACKENDS, TrainSettings
 from ablations.training import compiling, train as T
 from ablations.training.backends import KERNELS, sdpa_backend
-from model import Transformer, TransformerConfig, attention, kernels
+from model import Transformer, TransformerConfig, attention, kernels, objective
 from model.batch import Batch
 from tests.helpers import needs_data
 
@@ -91,7 +91,9 @@ def attention_as_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.slow
-def test_compiled_training_compiles_one_graph_for_many_shapes_and_keeps_its_time_apart(tmp_path, monkeypatch):
+def test_compiled_training_compiles_its_forward_and_its_loss_once_for_many_shapes_and_keeps_time_apart(
+    tmp_path, monkeypatch
+):
     # The eager backend traces and guards as inductor does (the same graphs, the same recompiles) without code generation.
     monkeypatch.setattr(T, "compile_model", lambda fn: compiling.compile_model(fn, backend="eager"))
     attention_as_on_a_gpu(monkeypatch)
@@ -100,11 +102,13 @@ def test_compiled_training_compiles_one_graph_for_many_shapes_and_keeps_its_time
     stream = BatchStream(src, tgt, run.settings.micro_tokens, seed=1, pad_multiple=8)
     met = shapes(BatchStream(src, tgt, run.settings.micro_tokens, seed=1, pad_multiple=8), 24)
     state = T.train(Transformer(TINY), run, stream, (src[:4], tgt[:4]), torch.device("cpu"))
-    assert len(met) > 5 and state.compiles == 1  # every size symbolic from the first step: one graph for them all
+    # Every size symbolic from the first step: one graph of the model's forward for them all, and one of its loss's
+    # chunk scoring (compiling.compile_model).
+    assert len(met) > 5 and state.compiles == 2
     assert 0 < state.compile_s < state.wall_s and state.steady_s == pytest.approx(state.wall_s - state.compile_s)
     logged = R.read_metrics(run.directory)
     assert sum(r["compile_s"] for r in logged) == pytest.approx(state.compile_s)
-    assert [r["compiles"] for r in logged] == [1, 0, 0, 0]
+    assert [r["compiles"] for r in logged] == [2, 0, 0, 0]
     assert logged[0]["step_s_max_all"] > logged[0]["step_s_max"]  # the compiling step, timed apart but not hidden
     assert all(r["step_s_p50"] <= r["step_s_max"] <= r["step_s_max_all"] for r in logged)
 
@@ -149,6 +153,28 @@ def test_a_first_batch_whose_two_lengths_match_costs_the_runners_compile_no_seco
             b.forward(model)
         graphs[name] = compiling.compiles() - before
     assert graphs == {"torch.compile": 2, "runner": 1}
+
+
+@pytest.mark.slow
+def test_a_compiled_models_chunked_loss_equals_the_eager_one_and_compiles_once_for_every_chunk_size(monkeypatch):
+    # aot_eager: the decompositions inductor compiles, run by torch ops; float64, so only the order of sums differs.
+    monkeypatch.setattr(objective, "CHUNK_LOGITS", 7 * 50)  # 7 rows a chunk: chunks of 4 to 7 rows below
+    torch._dynamo.reset()
+    scorer = compiling.compiled_scorer("aot_eager")
+    g = torch.Generator().manual_seed(3)
+    weight = torch.randn(50, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    before = compiling.compiles()
+    for rows in (9, 13, 20, 40, 11):
+        hidden = torch.randn(rows, 16, generator=g, dtype=torch.float64, requires_grad=True)
+        target = torch.randint(0, 50, (rows,), generator=g)
+        losses = {}
+        for name, scored in {"eager": objective.chunk_scores, "compiled": scorer}.items():
+            with objective.chunks_scored_by(scored):
+                loss = objective.linear_label_smoothed_loss(hidden, weight, target, 0, 0.1)
+            losses[name] = (loss, *torch.autograd.grad(loss, (hidden, weight)))
+        for ours, theirs in zip(losses["compiled"], losses["eager"]):
+            torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=1e-12)
+    assert compiling.compiles() - before == 1
 
 
 class Counted:
@@ -218,10 +244,11 @@ def test_the_shapes_report_refuses_a_device_it_cannot_use_in_one_line(tmp_path, 
 
 
 @pytest.mark.slow
-def test_the_shapes_report_counts_one_graph_over_varied_packed_shapes_with_equal_lengths_first():
+def test_the_shapes_report_counts_no_recompile_over_varied_packed_shapes_with_equal_lengths_first():
     stream = BatchStream(*varied_pairs(400), max_tokens=120, seed=6, pad_multiple=8, pack=True)
     batches = [stream.next() for _ in range(6)]
     ordered, equal = shapes_report.equal_lengths_first(batches)
     assert equal and ordered[0] is batches[1] and ordered[0].src.shape[1] == ordered[0].tgt.shape[1]
     assert len({(*b.src.shape, b.tgt.shape[1]) for b in batches}) == 6
-    assert shapes_report.graphs_compiled(batches, TINY) == "1 (the first batch S = T)"
+    # One graph of the forward and one of its loss's chunk scoring, each compiled once.
+    assert shapes_report.graphs_compiled(batches, TINY) == "2 (the first batch S = T)"

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from hypothesis import given, strategies as st
 import torch.nn.functional as F
 
 from model import Transformer, TransformerConfig, kernels
@@ -240,7 +241,7 @@ def test_sequence_longer_than_max_len_is_a_clear_error():
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 def test_the_chunked_pre_softmax_loss_and_its_gradients_equal_the_loss_of_the_whole_logits(eps, monkeypatch):
     # float64: the chunks sum the same terms in another order, ~1e-15 apart.
-    monkeypatch.setattr(objective, "CHUNK_LOGITS", 3 * 50)  # 3 rows a chunk: 5 chunks, the last one short
+    monkeypatch.setattr(objective, "CHUNK_LOGITS", 3 * 50)  # at most 3 rows a chunk: 5 chunks of 3, 3, 3, 3, 2
     g = torch.Generator().manual_seed(4)
     hidden = torch.randn(2, 7, 16, generator=g, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(50, 16, generator=g, dtype=torch.float64, requires_grad=True)
@@ -253,6 +254,17 @@ def test_the_chunked_pre_softmax_loss_and_its_gradients_equal_the_loss_of_the_wh
     ):
         torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(chunked, whole, atol=1e-12, rtol=1e-12)
+
+
+@given(rows=st.integers(1, 5000), per_chunk=st.integers(4, 600))
+def test_the_loss_chunks_cover_the_rows_in_the_fewest_chunks_of_near_equal_size(rows, per_chunk):
+    chunks = objective.chunk_rows(rows, per_chunk)
+    sizes = [c.stop - c.start for c in chunks]
+    assert (
+        chunks[0].start == 0 and chunks[-1].stop == rows and all(a.stop == b.start for a, b in zip(chunks, chunks[1:]))
+    )
+    assert len(chunks) == -(-rows // per_chunk) and max(sizes) <= per_chunk and max(sizes) - min(sizes) <= 1
+    assert min(sizes) >= min(rows, per_chunk // 2)  # no last chunk of one row: a compiled scoring's second graph
 
 
 def test_the_model_given_labels_returns_the_loss_of_its_logits_with_the_same_gradients():
