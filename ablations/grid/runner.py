@@ -31,7 +31,8 @@ from ablations.training.backends import sdpa_backend
 from ablations.training.distributed import SINGLE, Ranks, backend, from_main
 from ablations.training.peaks import peak
 from ablations.training.throughput import gemm_flops, throughput
-from ablations.training.train import Diverged, TrainState, train
+from ablations.training.checkpoints import TrainState
+from ablations.training.train import Diverged, train
 from model import ModelSpec, count_parameters, load_model
 from model.params import training_flops
 from model.table3 import Table3Row

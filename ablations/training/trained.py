@@ -15,7 +15,7 @@ import torch
 
 from ablations.data.bpe import bpe_file
 from ablations.runs import folder as R
-from ablations.training.train import CorruptCheckpoint, read_checkpoint
+from ablations.training.checkpoints import CorruptCheckpoint, read_checkpoint
 from model import Seq2SeqModel, SpecError, TransformerConfig, load_model
 from plumbing.files import shown_path
 

@@ -17,7 +17,8 @@ from ablations.__main__ import main
 from ablations.runs import folder as R
 from ablations.runs.budgets import BUDGETS
 from ablations.runs.folder import previous_checkpoint
-from ablations.training.train import TrainState, make_optimizer, resume, save_checkpoint
+from ablations.training.checkpoints import TrainState, resume, save_checkpoint
+from ablations.training.train import make_optimizer
 from model import Transformer, TransformerConfig
 from tests.helpers import (
     REPO,

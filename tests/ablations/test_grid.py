@@ -14,7 +14,7 @@ import torch
 from ablations.grid.runner import Grid, plan_run, prepare_data, run_grid, run_one
 from ablations.runs import folder as R
 from ablations.runs.budgets import BUDGETS
-from ablations.training.train import read_checkpoint
+from ablations.training.checkpoints import read_checkpoint
 from model import ModelSpec
 from model.table3 import table3_rows
 from tests.ablations.test_run_identity import SMOKE as SMOKE_IDENTITIES

@@ -18,7 +18,7 @@ from ablations.data.batching import BatchStream, make_batch
 from ablations.runs import folder as R
 from ablations.runs.budgets import BUDGETS, PRECISIONS, select_rows, settings_for
 from ablations.runs.options import budget_with
-from ablations.training import train as T
+from ablations.training import checkpoints as C, train as T
 from ablations.training.backends import sdpa_backend
 from ablations.training.precision import for_training
 from model import Transformer
@@ -169,7 +169,7 @@ def test_a_bf16_weights_run_checkpoints_fp32_master_weights_and_resumes_exactly(
     train(whole)
     train(cut, stop_after=6)  # checkpointed at step 4; steps 5 and 6 trained and lost
     train(cut)
-    saved = [T.read_checkpoint(run.directory / R.CHECKPOINT)["model"] for run in (whole, cut)]
+    saved = [C.read_checkpoint(run.directory / R.CHECKPOINT)["model"] for run in (whole, cut)]
     assert {t.dtype for t in saved[0].values()} == {torch.float32}
     assert [k for k in saved[0] if not torch.equal(saved[0][k], saved[1][k])] == []
     assert [r["step"] for r in R.read_metrics(cut.directory)] == [4, 8]

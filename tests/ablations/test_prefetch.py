@@ -15,7 +15,7 @@ import torch
 
 from ablations.data.batching import BatchStream
 from ablations.runs import folder as R
-from ablations.training import train as T
+from ablations.training import checkpoints as C, train as T
 from ablations.training.distributed import SINGLE, Ranks
 from ablations.training.prefetch import Prefetcher, StepBatches, next_step
 from model import Transformer
@@ -220,7 +220,7 @@ def test_a_run_stopped_mid_step_checkpoints_the_batches_it_trained_on_and_resume
     with pytest.raises(stopping.Stopped):
         train(run, monkeypatch, stop_at=5)  # the thread has prepared step 6 by then
     assert prefetcher_threads() == []
-    saved = T.read_checkpoint(run.directory / R.CHECKPOINT)
+    saved = C.read_checkpoint(run.directory / R.CHECKPOINT)
     plain = stream()
     for _ in range(10):
         plain.next()

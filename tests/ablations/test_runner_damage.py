@@ -13,14 +13,14 @@ import torch
 from ablations.__main__ import main
 from ablations.data.corpora import DataError, read_lines
 from ablations.runs import folder as R
-from ablations.training.train import (
+from ablations.training.checkpoints import (
     ForeignCheckpoint,
     TrainState,
     check_belongs,
-    make_optimizer,
     read_checkpoint,
     save_checkpoint,
 )
+from ablations.training.train import make_optimizer
 from model import Transformer, TransformerConfig
 from reports.inputs import budget_folders, load_budget
 from tests.helpers import ablations_argv, logged, needs_data, result, runs_folder, smoke_cache

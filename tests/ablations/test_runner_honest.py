@@ -20,7 +20,7 @@ from ablations.__main__ import main
 from ablations.runs import folder as R
 from ablations.runs import options
 from ablations.runs.budgets import select_rows
-from ablations.training import train as T
+from ablations.training import checkpoints as C, train as T
 from ablations.training.clock import StepClock
 from ablations.training.peaks import Peak, peak, peak_flops, peak_of_name
 from ablations.training.distributed import SINGLE
@@ -129,10 +129,10 @@ def test_a_checkpoint_from_before_the_steady_fields_loads_and_counts_them_from_t
     model = Transformer(TINY)
     optimizer = T.make_optimizer(model, torch.device("cpu"))
     older = {"step": 4, "tokens_seen": 900, "wall_s": 2.0, "compile_s": 1.5, "compiles": 1, "epoch": 0, "index": 4}
-    monkeypatch.setattr(T, "asdict", lambda state: older)  # what a checkpoint of the runner before them holds
-    T.save_checkpoint(tmp_path / "checkpoint.pt", model, optimizer, T.TrainState())
-    state = T.load_checkpoint(tmp_path / "checkpoint.pt", model, optimizer)
-    assert state == T.TrainState(**older, steady_s=0.0, steady_tokens=0)
+    monkeypatch.setattr(C, "asdict", lambda state: older)  # what a checkpoint of the runner before them holds
+    C.save_checkpoint(tmp_path / "checkpoint.pt", model, optimizer, C.TrainState())
+    state = C.load_checkpoint(tmp_path / "checkpoint.pt", model, optimizer)
+    assert state == C.TrainState(**older, steady_s=0.0, steady_tokens=0)
 
 
 @pytest.mark.parametrize("device, measured", [("cpu", True), ("cuda", False)])

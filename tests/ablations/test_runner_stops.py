@@ -23,7 +23,8 @@ import torch
 
 from ablations.__main__ import main
 from ablations.runs import folder as R
-from ablations.training.train import make_optimizer, read_checkpoint
+from ablations.training.checkpoints import read_checkpoint
+from ablations.training.train import make_optimizer
 from model import Transformer
 from plumbing import files
 from plumbing.stopping import stops_cleanly

@@ -15,14 +15,8 @@ from ablations.runs import folder as R
 from ablations.runs.budgets import BUDGETS, select_rows
 from ablations.scoring.decoding import translate
 from ablations.scoring.evaluate import perplexity
-from ablations.training.train import (
-    TrainState,
-    load_checkpoint,
-    loss_of,
-    make_optimizer,
-    save_checkpoint,
-    train_step,
-)
+from ablations.training.checkpoints import TrainState, load_checkpoint, save_checkpoint
+from ablations.training.train import loss_of, make_optimizer, train_step
 from model import Transformer, TransformerConfig, load_model, parse_spec
 from tests.helpers import NO_DATA, REAL_DATA, needs_data
 

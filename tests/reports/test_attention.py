@@ -17,7 +17,8 @@ import torch
 from ablations.data.bpe import EOS, shared_bpe
 from ablations.data.corpora import Pairs
 from ablations.studies import attention_data
-from ablations.training.train import TrainState, make_optimizer, save_checkpoint
+from ablations.training.checkpoints import TrainState, save_checkpoint
+from ablations.training.train import make_optimizer
 from model import TransformerConfig, load_model
 from reports import attention
 from reports.inputs import MissingInput

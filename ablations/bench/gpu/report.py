@@ -155,7 +155,8 @@ def markdown(report: dict) -> str:
             else ""
         )
         + f"; compiled = torch.compile (backend {meta['compile_backend']}, dynamic=True: one "
-        "compile serves every batch shape, source and target lengths apart symbols) of the model's forward. Attention "
+        "compile serves every batch shape, source and target lengths apart symbols) of the model's forward, and of "
+        "the reference's loss its work on each chunk of logits (ablations/training/compiling.py). Attention "
         f"backend of every mode: {meta['backend']} (the runner's choice on a GPU is efficient); "
         + (f"also timed eager: {', '.join(others)} (`--backends`). " if others else "")
         + mfu_note(meta),
