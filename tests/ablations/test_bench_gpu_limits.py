@@ -192,8 +192,13 @@ def test_sigterm_writes_what_was_measured_before_the_process_exits(tmp_path, pre
 @needs_data
 @pytest.mark.filterwarnings(COMPILE_WARNING)
 def test_a_compile_abandoned_at_the_time_limit_leaves_the_eager_rows_and_no_compile_workers(tmp_path, prepared):
+    # An empty inductor cache: the kernels that earlier runs of this test compiled before the limit cut them are
+    # cached on disk, and once enough of them are, a compile would finish inside the limit.
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
     argv = ["--systems", "torch-nn", "--modes", "eager,compiled", "--compile-backend", "inductor"]
-    assert bench(tmp_path, prepared, *argv, "--compile-estimate", "0", "--time-limit", "4") == 0
+    with temporary_cache_dir(str(tmp_path / "inductor-cache")):
+        assert bench(tmp_path, prepared, *argv, "--compile-estimate", "0", "--time-limit", "4") == 0
     eager, compiled = report(tmp_path)["training"]
     assert eager["status"] == MEASURED and eager["timed_steps"] == 2
     assert compiled["status"] == TIME_UP and compiled["timed_steps"] == 0
