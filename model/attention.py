@@ -47,8 +47,9 @@ def explicit_is_faster(q: Tensor, k: Tensor) -> bool:
     return q.device.type == "cpu" and (q.size(-1) < 64 or k.size(-2) <= 64)
 
 
-def causal_mask(queries: int, keys: int, offset: int, device: torch.device | None = None) -> Tensor:
-    """(queries, keys) bool: the query at absolute position offset + i may see keys at positions <= offset + i."""
+def causal_mask(queries: int, keys: int, offset: int | Tensor, device: torch.device | None = None) -> Tensor:
+    """(queries, keys) bool: the query at absolute position offset + i may see keys at positions <= offset + i
+    (`offset` a number, or a one-element tensor on the device: a fixed-shape decoding step's position)."""
     q = torch.arange(queries, device=device).unsqueeze(1) + offset
     return torch.arange(keys, device=device).unsqueeze(0) <= q
 

@@ -17,6 +17,7 @@ class KVCache:
     many positions, and the buffers never grow; otherwise they double when full. Beam search may pass the memory once
     per sentence for all of its `beams` decoder rows: those cross-attention entries then have one row per sentence, are
     shared by its beams, and `reorder` leaves them as they are. Nothing here reads a tensor's value on the host.
+    After `fix_shapes`, every step has the same shapes and writes to the same memory (a CUDA graph's replays).
     """
 
     def __init__(self, beams: int = 1) -> None:
@@ -26,13 +27,31 @@ class KVCache:
         self.capacity = 0  # positions the first append allocates, at least (`reserve`)
         self._buffers: dict[str, tuple[Tensor, Tensor]] = {}  # self-attention storage that kv views
         self._spare: dict[str, tuple[Tensor, Tensor]] = {}  # what `gather_rows` writes into, then swaps in
+        self.position: Tensor | None = None  # fixed shapes: the step's first position, on the device (`fix_shapes`)
 
     def reserve(self, positions: int) -> None:
         """Make the self-attention buffers hold `positions` target positions from the start: no growing, no copying."""
         self.capacity = max(self.capacity, positions)
 
+    def fix_shapes(self, device: torch.device) -> None:
+        """Decode at fixed shapes from here on, so that a step can be captured and replayed as a CUDA graph: the
+        self-attention buffers hold every `reserve`d position from the first step, each step writes its keys and
+        values at `position` (which the caller sets before the step) and attends to all of them, the model masking
+        those after its own (`Transformer.decoded`), and `reorder` rewrites rows in place."""
+        if self.capacity < 1:
+            raise ValueError("fixed shapes need the positions reserved first (KVCache.reserve)")
+        self.position = torch.zeros(1, dtype=torch.long, device=device)
+
+    def positions(self, count: int) -> Tensor:
+        """The positions of a fixed-shape step's `count` new target tokens, on the device."""
+        assert self.position is not None, "fix_shapes first"
+        return self.position + torch.arange(count, device=self.position.device)
+
     def append(self, name: str, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add new self-attention positions (B, h, T, d) to entry `name`; returns every position so far."""
+        """Add new self-attention positions (B, h, T, d) to entry `name`; returns every position so far (at fixed
+        shapes, every reserved position)."""
+        if self.position is not None:
+            return self._write(name, k, v)
         past = self.kv.get(name)
         if k.requires_grad:  # decoding under autograd: buffers written in place would break the backward pass
             self.kv[name] = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
@@ -52,8 +71,25 @@ class KVCache:
         self.kv[name] = (buffers[0][:, :, :needed], buffers[1][:, :, :needed])
         return self.kv[name]
 
+    def _write(self, name: str, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """`append` at fixed shapes: k and v written into the whole reserved buffers at this step's positions."""
+        buffers = self._buffers.get(name)
+        if buffers is None:  # zeros: a masked key's value is multiplied by 0, and 0 x nan would be nan
+            buffers = tuple(x.new_zeros(*x.shape[:2], self.capacity, x.size(3)) for x in (k, v))
+            self._buffers[name] = self.kv[name] = buffers
+        at = self.positions(k.size(2))
+        for buffer, x in zip(buffers, (k, v)):
+            buffer.index_copy_(2, at, x)
+        return buffers
+
     def reorder(self, index: Tensor) -> None:
         """Keep decoder rows `index` (beam search drops and duplicates hypotheses, within each sentence)."""
+        if self.position is not None:  # fixed shapes: in place, every row copied (as `gather_rows` does)
+            for name, pair in self.kv.items():
+                if self.beams == 1 or not name.startswith("cross"):
+                    for x in pair:
+                        x.copy_(x.index_select(0, index))
+            return
         same_rows: list[str] = []  # self-attention entries whose buffers keep their number of rows
         for name, (k, v) in list(self.kv.items()):
             if name not in self._buffers:

@@ -60,14 +60,14 @@ class PositionalEncoding(nn.Module):
 
     def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """x (B, T, d_model) plus the encoding of positions offset .. offset+T-1; or, given `positions` (B, T), of
-        those (a packed row's positions within each pair, each under T)."""
+        those (a packed row's positions within each pair; a fixed-shape decoding step's, from the device)."""
         if self.kind == "none" or not self.enabled:
             return x
         T = x.size(1)
         if offset + T > self.table_len():
             raise ValueError(f"sequence of {offset + T} positions exceeds max_len={self.table_len()}; raise max_len")
         if positions is not None:
-            return x + self.table(T)[positions].to(x.dtype)
+            return x + self.table(self.table_len())[positions].to(x.dtype)
         return x + self.table(offset + T)[offset:].to(x.dtype)
 
     def switched(self, enabled: bool) -> AbstractContextManager[None]:

@@ -156,12 +156,18 @@ class Transformer(nn.Module):
         """The decoder stack's output (B, T, d_model), the input of the pre-softmax linear. `right_padded`: the caller
         knows that every row's padding follows its tokens (`Batch.right_padded`), which `causal_by_kernel` may use."""
         offset = cache.length if cache is not None else 0
+        fixed = cache is not None and cache.position is not None  # `KVCache.fix_shapes`: the position on the device
         src_seg, tgt_seg = segments if segments is not None else (None, None)
         x = tgt if tgt.is_floating_point() else self.embed(tgt)
-        x = self.dropout(self.pe(x, offset) if tgt_seg is None else self.pe(x, positions=positions_within(tgt_seg)))
-        T = x.size(1)
+        B, T = x.shape[:2]
+        if fixed:
+            x = self.dropout(self.pe(x, positions=cache.positions(T).expand(B, T)))
+        else:
+            x = self.dropout(self.pe(x, offset) if tgt_seg is None else self.pe(x, positions=positions_within(tgt_seg)))
         if right_padded and segments is None and cache is None and self.causal_by_kernel(x):
             self_allowed = None  # `attend`'s causal kernel
+        elif fixed:  # every reserved position is a key: those after each query's own are masked
+            self_allowed = self.parts.causal_mask(T, cache.capacity, cache.position, x.device)
         else:
             self_allowed = self.parts.causal_mask(T, offset + T, offset, x.device)
             if cache is None:
@@ -222,6 +228,21 @@ class Transformer(nn.Module):
         own = ("forward", "encode", "decode", "decoded")
         return type(self.pe).forward is PositionalEncoding.forward and all(
             getattr(type(self), name) is getattr(Transformer, name) for name in own
+        )
+
+    @property
+    def decodes_at_fixed_shapes(self) -> bool:
+        """Whether beam search may decode this model with a fixed-shape cache (`KVCache.fix_shapes`) and replay its
+        steps as a CUDA graph: the reference as written, not a subclass or a check's mutant that replaces the
+        decoding, the positional encoding, the causal mask, attention or its modules, which take no device position."""
+        return (
+            self.takes_segments
+            and self.parts.causal_mask is causal_mask
+            and self.parts.attend is attend
+            and all(
+                type(layer.self_attn) is MultiHeadAttention and type(layer.cross_attn) is MultiHeadAttention
+                for layer in self.decoder
+            )
         )
 
     def loss_is_chunked(self) -> bool:

@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ablations.data.batching import make_batch
 from ablations.data.bpe import EOS, PAD
+from ablations.scoring import decoding
 from ablations.scoring.decoding import beam_search
 from ablations.runs.budgets import step_autocast
 from ablations.training.precision import for_training
@@ -43,6 +44,7 @@ class Choices:
     stacked: bool  # Q, K, V as one product (model.attention.fuses_projections)
     causal: bool  # the causal kernel for right-padded targets (Transformer.causal_by_kernel)
     bf16_weights: bool  # training: a bf16 working copy and fp32 master weights; search: a bf16 copy; else autocast
+    replayed: bool = False  # search: at fixed shapes, each step after the second a CUDA graph's replay
 
 
 CHOICES = (  # cumulatively
@@ -50,6 +52,7 @@ CHOICES = (  # cumulatively
     Choices("stacked projections", True, False, False),
     Choices("stacked projections, the causal kernel", True, True, False),
     Choices("stacked projections, the causal kernel, bf16 weights", True, True, True),
+    Choices("the same, search steps replayed as a CUDA graph", True, True, True, replayed=True),
 )
 
 
@@ -58,10 +61,10 @@ class Launches(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.count = 0
+        self.count, self.paused = 0, False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view and func.overloadpacket.__name__ not in ALLOCATIONS:
+        if not self.paused and not func.is_view and func.overloadpacket.__name__ not in ALLOCATIONS:
             self.count += 1
         return func(*args, **(kwargs or {}))
 
@@ -71,6 +74,29 @@ def launches(fn: Callable[[], object]) -> int:
     with Launches() as counted:
         fn()
     return counted.count
+
+
+def replayed_as_one(counted: Launches) -> Callable:
+    """`ablations.scoring.graphs.captured` as the CPU can take it: the step taken, then each replay's step run
+    uncounted and counted as the one launch of a graph's replay (its inputs' copies counted as they are launched)."""
+
+    def captured(step, tokens, rows):
+        inputs = (tokens.clone(), rows.clone())
+
+        def replay(tokens, rows):
+            for into, value in zip(inputs, (tokens, rows)):
+                into.copy_(value)
+            counted.paused = True
+            try:
+                logits = step(*inputs)
+            finally:
+                counted.paused = False
+            counted.count += 1
+            return logits
+
+        return step(*inputs), replay
+
+    return captured
 
 
 def on_a_gpu(stacked: bool, causal: bool) -> ExitStack:
@@ -104,15 +130,28 @@ def training_step_launches(config: TransformerConfig, b: Batch, choices: Choices
 
 
 def decoding_step_launches(config: TransformerConfig, src: torch.Tensor, choices: Choices) -> int:
-    """Operators per decoding step of beam search (beam 4) in bf16: a search of 3 steps less one of 1. Under autocast,
-    or with bf16 weights as `translate` searches on a GPU: a copy of the model (`searched_model`)."""
+    """Operators per decoding step of beam search (beam 4) in bf16: a search of 3 steps less one of 1 (replayed: of 12
+    less 2, the ten replays). Under autocast, or with bf16 weights as `translate` searches on a GPU: a copy of the
+    model (`searched_model`)."""
     torch.manual_seed(0)
     model = Transformer(config).eval()
     model = working_copy(model) if choices.bf16_weights else model
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=not choices.bf16_weights)
+    longer, shorter = (12, 2) if choices.replayed else (3, 1)
+
+    def search(steps: int) -> int:
+        with ExitStack() as stack:
+            counted = stack.enter_context(Launches())
+            if choices.replayed:
+                stack.enter_context(mock.patch.object(decoding, "at_fixed_shapes", lambda model, device: True))
+                stack.enter_context(mock.patch.object(decoding, "graphs_apply", lambda device: True))
+                stack.enter_context(mock.patch.object(decoding, "captured", replayed_as_one(counted)))
+                stack.enter_context(mock.patch.object(decoding, "DONE_CHECK_EVERY", 10**9))
+            beam_search(model, src, src.eq(PAD), extra_len=steps - src.size(1))
+        return counted.count
+
     with on_a_gpu(choices.stacked, causal=False), autocast:
-        search = lambda extra: lambda: beam_search(model, src, src.eq(PAD), extra_len=extra)  # noqa: E731
-        return (launches(search(3 - src.size(1))) - launches(search(1 - src.size(1)))) // 2
+        return (search(longer) - search(shorter)) // (longer - shorter)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for choices in CHOICES:
         search = "-" if choices.causal and not choices.bf16_weights else decoding_step_launches(config, src, choices)
-        lines.append(f"| {choices.name} | {training_step_launches(config, b, choices)} | {search} |")
+        training = "-" if choices.replayed else training_step_launches(config, b, choices)
+        lines.append(f"| {choices.name} | {training} | {search} |")
     print("\n".join(lines))
     return 0
 

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ablations.data.bpe import BOS, EOS, PAD
+from ablations.scoring.graphs import captured
 from model.params import working_copy
 from model.protocol import Seq2SeqModel
 
@@ -30,6 +31,18 @@ def supports_kv_cache(model: Seq2SeqModel) -> bool:
 
 
 DONE_CHECK_EVERY = 8  # decoding steps between the host's looks at whether every sentence is done (a GPU wait)
+
+
+def at_fixed_shapes(model: Seq2SeqModel, device: torch.device) -> bool:
+    """Whether the search decodes with a fixed-shape cache (`KVCache.fix_shapes`): on a GPU, where its steps can then
+    be replayed as a CUDA graph, a model that takes it (`Transformer.decodes_at_fixed_shapes`)."""
+    return device.type == "cuda" and getattr(model, "decodes_at_fixed_shapes", False)
+
+
+def graphs_apply(device: torch.device) -> bool:
+    """Whether fixed-shape steps are captured as a CUDA graph (`ablations.scoring.graphs`): not under autocast, whose
+    cache of cast weights a graph cannot hold (the GPU's search runs a bf16 copy without it: `searched_model`)."""
+    return device.type == "cuda" and not torch.is_autocast_enabled(device.type)
 
 
 @torch.no_grad()
@@ -46,7 +59,8 @@ def beam_search(
 
     Built not to make a GPU wait: a decoding step reads no tensor's value on the host. The finished hypotheses and the
     done flags stay on the device (`Finished`), the tokens live in one buffer as long as the longest output, and the KV
-    cache is sized once and reordered by gathers. The host reads the source lengths before the first step, whether
+    cache is sized once and reordered by gathers. On a GPU the reference decodes at fixed shapes, and every step
+    after the second replays the second, captured as a CUDA graph (`ablations.scoring.graphs`). The host reads the source lengths before the first step, whether
     every sentence is done once every DONE_CHECK_EVERY steps (so up to DONE_CHECK_EVERY - 1 steps may run after the
     last sentence is done; they change nothing), and the results after the last step.
     """
@@ -60,6 +74,9 @@ def beam_search(
     cache = model.new_cache(beams=K) if shared else model.new_cache() if use_cache else None
     if cache is not None:
         cache.reserve(steps)
+    fixed = cache is not None and at_fixed_shapes(model, device)
+    if fixed:
+        cache.fix_shapes(device)
     memory, mem_pad = model.encode(src, src_pad), src_pad
     if not shared:
         memory, mem_pad = memory.repeat_interleave(K, dim=0), src_pad.repeat_interleave(K, dim=0)
@@ -72,9 +89,24 @@ def beam_search(
     alive_first = torch.arange(2 * K, device=device)
     own_rows = torch.arange(B * K, device=device).view(B, K)  # each beam's row of tokens
     finished = Finished.empty(B, K, steps, max_len, alpha, device)
+
+    def step(step_in: Tensor, rows: Tensor | None) -> Tensor:
+        """The cache reordered by the last step's survivors, then the next-token logits (B*K, V)."""
+        if rows is not None and cache is not None:
+            cache.reorder(rows)
+        return model.decode(step_in, memory, mem_pad, tgt_pad[:, : step_in.size(1)], cache)[:, -1]
+
+    replay, rows = None, None
     for t in range(1, steps + 1):
         step_in = tokens[:, t - 1 : t] if cache is not None else tokens[:, :t]
-        logits = model.decode(step_in, memory, mem_pad, tgt_pad[:, : step_in.size(1)], cache)[:, -1]  # (B*K, V)
+        if fixed:
+            cache.position.fill_(t - 1)
+        if replay is not None:
+            logits = replay(step_in, rows)
+        elif fixed and t == 2 and steps > 2 and graphs_apply(device):  # the first step fills the memory's keys, values
+            logits, replay = captured(step, step_in, rows)
+        else:
+            logits = step(step_in, rows)
         logits = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
         top_scores, top_beam, top_tok = _best_continuations(logits, scores, K)
         live = ~finished.done  # a sentence done at an earlier step collects nothing more
@@ -89,8 +121,6 @@ def beam_search(
         rows = (top_beam.gather(1, keep) + first_row).view(-1)
         tokens = tokens.index_select(0, rows)
         tokens[:, t] = top_tok.gather(1, keep).view(-1)
-        if cache is not None:
-            cache.reorder(rows)
         out_of_length = live & finished.max_len.le(t)
         if t >= min(max_len):  # out of length: the live hypotheses compete as they are
             every_beam = out_of_length.unsqueeze(1).expand(B, K)

@@ -16,5 +16,18 @@ def test_the_counter_counts_operators_that_do_work_and_not_views_or_allocations(
 
 def test_each_gpu_choice_launches_fewer_operators_in_a_training_step():
     b = L.batch(4, 6, SMALL.vocab_size)
-    counts = [L.training_step_launches(SMALL, b, choices) for choices in L.CHOICES]
+    counts = [L.training_step_launches(SMALL, b, choices) for choices in L.CHOICES if not choices.replayed]
     assert counts == sorted(counts, reverse=True) and len(set(counts)) == len(counts) and counts[-1] > 0
+
+
+def test_a_search_step_replayed_as_a_cuda_graph_launches_none_of_the_decoders_operators_but_the_replay():
+    src = L.batch(2, 3, SMALL.vocab_size).src
+    eager, replayed = L.CHOICES[-2:]
+    assert not eager.replayed and replayed.replayed
+    counts = {
+        (layers, choices.replayed): L.decoding_step_launches(SMALL.replace(N=layers), src, choices)
+        for layers in (1, 2)
+        for choices in (eager, replayed)
+    }
+    assert counts[1, False] < counts[2, False]  # eagerly, each layer's operators are launched
+    assert counts[1, True] == counts[2, True] < counts[1, False]  # replayed, one launch holds them all

@@ -199,8 +199,20 @@ def test_a_beam_search_step_reads_nothing_back_but_whether_all_are_done_every_fe
 
 
 @needs_cuda
-def test_a_beam_search_on_a_gpu_synchronises_only_before_its_first_step_and_after_its_last(monkeypatch):
+@pytest.mark.parametrize("graph", [False, True], ids=["steps launched", "steps replayed"])
+def test_a_beam_search_on_a_gpu_synchronises_only_before_its_first_step_and_after_its_last(graph, monkeypatch):
+    # Replayed: capturing the second step waits for the GPU once (torch.cuda.graph), before any replay.
     monkeypatch.setattr(decoding, "DONE_CHECK_EVERY", 10**9)  # no look at the done flags between the steps
+    capture, captures = decoding.captured, []
+
+    def capture_waiting(*args):
+        torch.cuda.set_sync_debug_mode("default")
+        captures.append(capture(*args))
+        torch.cuda.set_sync_debug_mode("error")
+        return captures[-1]
+
+    monkeypatch.setattr(decoding, "captured", capture_waiting)
+    monkeypatch.setattr(decoding, "graphs_apply", lambda device: graph)
     cuda = torch.device("cuda")
     torch.manual_seed(0)
     model = Transformer(TINY).to(cuda).eval()
@@ -222,4 +234,4 @@ def test_a_beam_search_on_a_gpu_synchronises_only_before_its_first_step_and_afte
         hyps = decoding.beam_search(model, src, src.eq(PAD), beam=4, extra_len=20)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert len(hyps) == 3
+    assert len(hyps) == 3 and len(captures) == graph and all(replay is not None for _, replay in captures)

@@ -73,6 +73,7 @@ CUDA_TESTS = (
     "tests/model/test_gpu_paths.py",
     "tests/ablations/test_precision.py",
     "tests/model/test_packing.py",
+    "tests/ablations/test_step_graphs.py",
 )
 DEVICE_TESTS = (
     "tests/ablations/test_gpu_path.py",
