@@ -60,9 +60,10 @@ def beam_search(
     Built not to make a GPU wait: a decoding step reads no tensor's value on the host. The finished hypotheses and the
     done flags stay on the device (`Finished`), the tokens live in one buffer as long as the longest output, and the KV
     cache is sized once and reordered by gathers. On a GPU the reference decodes at fixed shapes, and every step
-    after the second replays the second, captured as a CUDA graph (`ablations.scoring.graphs`). The host reads the source lengths before the first step, whether
-    every sentence is done once every DONE_CHECK_EVERY steps (so up to DONE_CHECK_EVERY - 1 steps may run after the
-    last sentence is done; they change nothing), and the results after the last step.
+    after the second replays the second, captured as a CUDA graph (`ablations.scoring.graphs`). The host reads the
+    source lengths before the first step, whether every sentence is done once every DONE_CHECK_EVERY steps (so up to
+    DONE_CHECK_EVERY - 1 steps may run after the last sentence is done; they change nothing), and the results after
+    the last step.
     """
     use_cache = supports_kv_cache(model) if use_cache is None else use_cache
     B, K, device = src.size(0), beam, src.device
