@@ -13,12 +13,15 @@ import pytest
 import torch
 
 from ablations.scoring import decoding
+from torch.fx.experimental.proxy_tensor import make_fx
+
 from ablations.scoring.graphs import Replay
 from invariants.mutants import MUTANTS, build
 from model import Transformer
 from model.cache import KVCache
 from tests.ablations.test_beam_search_spec import CASES, device_beam_search, host_beam_search, sources, tiny
 from tests.ablations.test_decoding import TINY
+from tests.ablations.test_gpu_path import attention_as_on_a_gpu
 from tests.helpers import needs_cuda
 
 
@@ -69,34 +72,43 @@ def test_a_search_at_fixed_shapes_with_the_memory_per_beam_finds_the_host_search
     assert len(fixed_on_the_cpu) == 1
 
 
-def test_steps_replayed_from_the_second_on_are_handed_the_newest_tokens_and_the_rows_kept(
-    monkeypatch, fixed_on_the_cpu
-):
-    # A CPU "replay" runs the step again on the tensors it was captured with: what is tested is what the search copies
-    # into them at each step and from which step it replays; that a CUDA graph replays the step is the CUDA test's.
-    calls = []
+def captured_as_a_graph_is(fixed: list[KVCache], replays: list[int]):
+    """`ablations.scoring.graphs.captured` on the CPU, with a CUDA graph's semantics: the step is taken, then traced
+    to torch operators (make_fx) with everything Python decided while tracing frozen into the trace, as a capture
+    freezes it, and the tensors it reads and writes (the cache's, the position) held by reference; each replay runs
+    the trace on the captured inputs. Tracing runs the step, so the cache is put back as it was after it."""
 
     def captured(step, tokens, rows):
         inputs = (tokens.clone(), rows.clone())
+        logits = step(*inputs)
+        cache = fixed[-1]
+        before = ({name: [x.clone() for x in pair] for name, pair in cache.kv.items()}, cache.length)
+        trace = make_fx(step)(*inputs)
+        for name, pair in cache.kv.items():
+            for x, saved in zip(pair, before[0][name]):
+                x.copy_(saved)
+        cache.length = before[1]
 
-        class Replayed(Replay):
-            def __init__(self) -> None:
-                super().__init__(None, inputs, None)  # type: ignore[arg-type]
+        def replay(tokens, rows):
+            replays.append(tokens.size(0))
+            for into, value in zip(inputs, (tokens, rows)):
+                into.copy_(value)
+            return trace(*inputs)
 
-            def __call__(self, tokens, rows):
-                calls.append(tokens.size(0))
-                for into, value in zip(self.inputs, (tokens, rows)):
-                    into.copy_(value)
-                return step(*self.inputs)
+        return logits, replay
 
-        return step(*inputs), Replayed()
+    return captured
 
-    monkeypatch.setattr(decoding, "captured", captured)
+
+def test_steps_replayed_from_a_capture_of_the_second_find_the_host_searchs_hypotheses(monkeypatch, fixed_on_the_cpu):
+    attention_as_on_a_gpu(monkeypatch)  # the GPU's attention: the CPU kernels are not torch operators a trace can hold
+    replays: list[int] = []
+    monkeypatch.setattr(decoding, "captured", captured_as_a_graph_is(fixed_on_the_cpu, replays))
     monkeypatch.setattr(decoding, "graphs_apply", lambda device: True)
     model, (src, src_pad) = tiny(2), sources([8, 5, 7], seed=6)
     expected = host_beam_search(model, src, src_pad, beam=4, extra_len=8)
     assert same(device_beam_search(model, src, src_pad, beam=4, extra_len=8), expected)
-    assert len(calls) > 3 and set(calls) == {3 * 4}
+    assert len(replays) > 3 and set(replays) == {3 * 4}
 
 
 def test_a_check_mutant_decodes_at_fixed_shapes_only_where_that_finds_what_the_search_finds_without(monkeypatch):
