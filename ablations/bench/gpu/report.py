@@ -187,7 +187,9 @@ def markdown(report: dict) -> str:
         f"{meta['decode']['sentences']} dev sources cut to {meta['decode']['length']} tokens; the reference searches up "
         f"to source length + {meta['decode']['extra']} (untrained weights rarely end earlier), HF generate is forced "
         f"to exactly {meta['decode']['length'] + meta['decode']['extra']} new tokens; one untimed search each, then "
-        f"up to {meta['decode']['reps']} timed ones, interleaved. Output tokens: those produced, EOS included.",
+        f"up to {meta['decode']['reps']} timed ones, interleaved. Output tokens: those produced, EOS included. On a "
+        "GPU each reference search decodes at fixed shapes and replays its captured second step as a CUDA graph "
+        "(ablations/scoring/graphs.py; the capture is timed with the search).",
         "",
         *decoding_table(decoding),
     ]
