@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ablations.bench.gpu import __main__ as gpu
+from ablations.bench.gpu import options as gpu_options
 from ablations.bench.gpu import timing
 from ablations.bench.gpu.profiling import ROWS, profile_entry
 from ablations.bench.gpu.report import profile_tables
@@ -144,9 +145,9 @@ def test_a_bad_flag_is_one_line_naming_the_problem_and_the_fix(argv, message, ca
 
 def test_other_attention_backends_are_timed_only_on_request(tmp_path):
     out = ["--device", "cpu", "--out", str(tmp_path / "report.md"), "--data", str(tmp_path)]  # any folder: not read
-    assert gpu.parse(out).backends == ()
-    assert gpu.parse([*out, "--backends", "cudnn,math"]).backends == ("cudnn", "math")
-    assert gpu.parse([*out, "--backends", "all"]).backends == SDPA_BACKENDS
+    assert gpu_options.parse(out).backends == ()
+    assert gpu_options.parse([*out, "--backends", "cudnn,math"]).backends == ("cudnn", "math")
+    assert gpu_options.parse([*out, "--backends", "all"]).backends == SDPA_BACKENDS
 
 
 def test_the_compiled_entries_the_targets_compare_compile_first():
