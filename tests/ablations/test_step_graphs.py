@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from ablations.scoring import decoding
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from ablations.scoring import decoding
 from ablations.scoring.graphs import Replay
 from invariants.mutants import MUTANTS, build
 from model import Transformer
