@@ -77,8 +77,9 @@ CHUNK_LOGITS = 2**24  # logits made at a time by `linear_label_smoothed_loss`: 6
 
 def chunk_rows(rows: int, per_chunk: int) -> list[slice]:
     """`rows` split into the fewest chunks of at most `per_chunk` rows, their sizes at most one apart, so that each holds
-    all the rows or at least half of `per_chunk`: never a last chunk of one row, a size that torch.compile specialises
-    (a second graph) where the scoring is compiled."""
+    all the rows or at least half of `per_chunk` (rounded down): no chunk of one row among several (a size torch.compile
+    specialises, a second graph where the scoring is compiled) unless `per_chunk` is under 4, a vocabulary of over
+    four million words."""
     count = max(1, -(-rows // per_chunk))
     size, longer = divmod(rows, count)
     bounds = [0]
@@ -105,8 +106,8 @@ def chunk_scores(
 def chunk_scores_by_torch_ops(
     logits: Tensor, target: Tensor, share: Tensor, eps: float, wanted: bool
 ) -> tuple[Tensor, Tensor | None]:
-    """`chunk_scores` by torch ops alone: what torch.compile compiles into a few passes over the logits (eager, the
-    casts, the softmax and the gradient are a dozen passes each; ablations/training/compiling.py)."""
+    """`chunk_scores` by torch ops alone: what torch.compile compiles into a few passes over the logits, where eager
+    torch makes a dozen (the casts, the softmax, each step of the gradient; ablations/training/compiling.py)."""
     return chunk_scores(logits, target, share, eps, wanted, kernel_allowed=False)
 
 
