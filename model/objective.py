@@ -77,9 +77,9 @@ CHUNK_LOGITS = 2**24  # logits made at a time by `linear_label_smoothed_loss`: 6
 
 def chunk_rows(rows: int, per_chunk: int) -> list[slice]:
     """`rows` split into the fewest chunks of at most `per_chunk` rows, their sizes at most one apart, so that each holds
-    all the rows or at least half of `per_chunk` (rounded down): no chunk of one row among several (a size torch.compile
-    specialises, a second graph where the scoring is compiled) unless `per_chunk` is under 4, a vocabulary of over
-    four million words."""
+    all the rows or at least half of `per_chunk` (rounded down): no chunk of one row among several (a size that
+    torch.compile specialises, a second graph where the scoring is compiled) unless `per_chunk` is under 4, a
+    vocabulary of over four million words."""
     count = max(1, -(-rows // per_chunk))
     size, longer = divmod(rows, count)
     bounds = [0]

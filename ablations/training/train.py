@@ -3,7 +3,8 @@
 `train_step` is one optimizer step over a list of micro-batches (gradient accumulation); it takes the
 module to call, so a compiled or DistributedDataParallel wrapper can be passed in place of the model.
 `train` is the loop: logging to metrics.jsonl, dev perplexity, checkpoints (ablations/training/checkpoints.py: a
-resumed run continues exactly), divergence detection. With `ranks` from ablations.training.distributed, the same loop trains data-parallel under torchrun.
+resumed run continues exactly), divergence detection. With `ranks` from ablations.training.distributed, the same
+loop trains data-parallel under torchrun.
 """
 
 from __future__ import annotations

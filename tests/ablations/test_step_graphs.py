@@ -112,7 +112,8 @@ def test_steps_replayed_from_a_capture_of_the_second_find_the_host_searchs_hypot
 
 def test_a_check_mutant_decodes_at_fixed_shapes_only_where_that_finds_what_the_search_finds_without(monkeypatch):
     # A mutant that replaces decoding, the positional encoding, the causal mask or attention keeps the plain search;
-    # any other decodes at fixed shapes to the same hypotheses and scores (to round-off), so the path changes no model's behaviour.
+    # any other decodes at fixed shapes to the same hypotheses and scores (to round-off): the path changes no model's
+    # behaviour.
     src, src_pad = sources([6, 4], seed=2)
     taking = []
     for name in MUTANTS:
