@@ -81,55 +81,89 @@ def beam_search(
     memory, mem_pad = model.encode(src, src_pad), src_pad
     if not shared:
         memory, mem_pad = memory.repeat_interleave(K, dim=0), src_pad.repeat_interleave(K, dim=0)
-    tokens = torch.full((B * K, steps + 1), PAD, dtype=torch.long, device=device)  # BOS, then one column per step
-    tokens[:, 0] = BOS
-    tgt_pad = torch.zeros(B * K, steps, dtype=torch.bool, device=device)
-    scores = torch.full((B, K), float("-inf"), device=device)
-    scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    first_row = torch.arange(B, device=device).unsqueeze(1) * K
-    alive_first = torch.arange(2 * K, device=device)
-    own_rows = torch.arange(B * K, device=device).view(B, K)  # each beam's row of tokens
+    beams = Beams.start(B, K, steps, torch.float64 if memory.dtype == torch.float64 else torch.float32, device)
+    tgt_pad = torch.zeros(B * K, 1 if cache is not None else steps, dtype=torch.bool, device=device)
     finished = Finished.empty(B, K, steps, max_len, alpha, device)
 
-    def step(step_in: Tensor, rows: Tensor | None) -> Tensor:
-        """The cache reordered by the last step's survivors, then the next-token logits (B*K, V)."""
-        if rows is not None and cache is not None:
-            cache.reorder(rows)
-        return model.decode(step_in, memory, mem_pad, tgt_pad[:, : step_in.size(1)], cache)[:, -1]
+    def take_step(t: int | None) -> None:
+        """Step t of the search, in place on `beams`, `finished` and the cache: the cache reordered by the last step's
+        survivors, the next token's logits, the hypotheses that finish and those that go on. Everything that changes
+        from step to step is read from the device (`beams.t`), so that a captured step (t None: any step) replays as
+        any later one; a step known to come before the shortest sentence's length skips the out-of-length offer."""
+        if cache is not None:
+            cache.reorder(beams.rows)
+            if fixed:
+                cache.position.copy_(beams.t.view(1) - 1)
+        step_in = beams.tokens.index_select(1, beams.t.view(1) - 1) if cache is not None else beams.tokens[:, :t]
+        logits = model.decode(step_in, memory, mem_pad, tgt_pad[:, : step_in.size(1)], cache)[:, -1]  # (B*K, V)
+        beams.advance(logits, finished, out_of_length_possible=t is None or t >= min(max_len))
 
-    replay, rows = None, None
+    replay = None
     for t in range(1, steps + 1):
-        step_in = tokens[:, t - 1 : t] if cache is not None else tokens[:, :t]
-        if fixed:
-            cache.position.fill_(t - 1)
         if replay is not None:
-            logits = replay(step_in, rows)
+            replay()
         elif fixed and t == 2 and steps > 2 and graphs_apply(device):  # the first step fills the memory's keys, values
-            logits, replay = captured(step, step_in, rows)
+            replay = captured(lambda: take_step(None))
         else:
-            logits = step(step_in, rows)
-        logits = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
-        top_scores, top_beam, top_tok = _best_continuations(logits, scores, K)
-        live = ~finished.done  # a sentence done at an earlier step collects nothing more
-        is_eos = top_tok.eq(EOS)
-        # An EOS among a sentence's K best candidates finishes that hypothesis (its tokens before this step's).
-        finished.offer(
-            top_scores[:, :K], is_eos[:, :K] & live.unsqueeze(1), tokens, top_beam[:, :K] + first_row, t, t - 1
-        )
-        # The K best continuations that do not end in EOS stay alive.
-        keep = (is_eos.long() * 2 * K + alive_first).argsort(dim=1)[:, :K]
-        scores = top_scores.gather(1, keep)
-        rows = (top_beam.gather(1, keep) + first_row).view(-1)
-        tokens = tokens.index_select(0, rows)
-        tokens[:, t] = top_tok.gather(1, keep).view(-1)
-        out_of_length = live & finished.max_len.le(t)
-        if t >= min(max_len):  # out of length: the live hypotheses compete as they are
-            every_beam = out_of_length.unsqueeze(1).expand(B, K)
-            finished.offer(scores, every_beam, tokens, own_rows, t, t)
-        finished.settle(live, out_of_length, scores[:, 0])
+            take_step(t)
         if t % DONE_CHECK_EVERY == 0 and bool(finished.done.all()):
             break
     return finished.results()
+
+
+@dataclass
+class Beams:
+    """The live hypotheses of a search (B sentences, beam K), updated in place at each step: a captured step reads and
+    writes the same tensors at every replay."""
+
+    t: Tensor  # () long: the step to take next, from 1
+    scores: Tensor  # (B, K): each live hypothesis's log P
+    rows: Tensor  # (B*K,): the rows of the last step's hypotheses that the live ones continue (the cache's reorder)
+    tokens: Tensor  # (B*K, steps + 1): BOS, then one column per step
+    first_row: Tensor  # (B, 1): each sentence's first row
+    alive_first: Tensor  # (2K,)
+    own_rows: Tensor  # (B, K): each beam's row of tokens
+
+    @classmethod
+    def start(cls, B: int, K: int, steps: int, dtype: torch.dtype, device: torch.device) -> Beams:
+        """The search before its first step; `dtype` that of the scores: the logits', at least float32."""
+        tokens = torch.full((B * K, steps + 1), PAD, dtype=torch.long, device=device)
+        tokens[:, 0] = BOS
+        scores = torch.full((B, K), float("-inf"), dtype=dtype, device=device)
+        scores[:, 0] = 0.0  # all beams start identical: expand only the first
+        return cls(
+            t=torch.ones((), dtype=torch.long, device=device),
+            scores=scores,
+            rows=torch.arange(B * K, device=device),
+            tokens=tokens,
+            first_row=torch.arange(B, device=device).unsqueeze(1) * K,
+            alive_first=torch.arange(2 * K, device=device),
+            own_rows=torch.arange(B * K, device=device).view(B, K),
+        )
+
+    def advance(self, logits: Tensor, finished: Finished, out_of_length_possible: bool = True) -> None:
+        """Step t given its logits (B*K, V): the hypotheses that end in EOS offered to `finished`, the K best that do
+        not kept, those out of length offered as they are (where `out_of_length_possible`), and t moved on."""
+        B, K = self.scores.shape
+        logits = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+        top_scores, top_beam, top_tok = _best_continuations(logits, self.scores, K)
+        live = ~finished.done  # a sentence done at an earlier step collects nothing more
+        is_eos = top_tok.eq(EOS)
+        # An EOS among a sentence's K best candidates finishes that hypothesis (its tokens before this step's).
+        eos_rows = top_beam[:, :K] + self.first_row
+        finished.offer(top_scores[:, :K], is_eos[:, :K] & live.unsqueeze(1), self.tokens, eos_rows, self.t, self.t - 1)
+        # The K best continuations that do not end in EOS stay alive.
+        keep = (is_eos.long() * 2 * K + self.alive_first).argsort(dim=1)[:, :K]
+        self.scores.copy_(top_scores.gather(1, keep))
+        self.rows.copy_((top_beam.gather(1, keep) + self.first_row).view(-1))
+        self.tokens.copy_(self.tokens.index_select(0, self.rows))
+        self.tokens.index_copy_(1, self.t.view(1), top_tok.gather(1, keep).view(-1, 1))
+        out_of_length = live & finished.max_len.le(self.t)
+        if out_of_length_possible:  # out of length: the live hypotheses compete as they are
+            every_beam = out_of_length.unsqueeze(1).expand(B, K)
+            finished.offer(self.scores, every_beam, self.tokens, self.own_rows, self.t, self.t)
+        finished.settle(live, out_of_length, self.scores[:, 0])
+        self.t.add_(1)
 
 
 @dataclass
@@ -165,26 +199,26 @@ class Finished:
             alpha=alpha,
         )
 
-    def offer(self, logp: Tensor, valid: Tensor, tokens: Tensor, rows: Tensor, t: int, length: int) -> None:
+    def offer(self, logp: Tensor, valid: Tensor, tokens: Tensor, rows: Tensor, t: Tensor, length: Tensor) -> None:
         """Finish the hypotheses where `valid` (B, M), in order of M: log P(y) `logp` (B, M), found at step t; their
-        tokens are the first `length` after BOS of rows `rows` (B, M) of `tokens`."""
-        score = logp.double() / length_penalty(t, self.alpha)
+        tokens are the first `length` after BOS of rows `rows` (B, M) of `tokens`. In place (`Beams`)."""
+        score = logp.double() / length_penalty(t.double(), self.alpha)
         offered = score.masked_fill(~valid, float("-inf"))
         best = offered.max(dim=1).values
         first = (valid & score.eq(best.unsqueeze(1))).long().argmax(dim=1)  # argmax: the first of the largest
         take = valid.any(dim=1) & (self.count.eq(0) | best.gt(self.best))
         row = rows.gather(1, first.unsqueeze(1)).squeeze(1)
-        self.best = torch.where(take, best, self.best)
-        self.tokens = torch.where(take.unsqueeze(1), tokens.index_select(0, row), self.tokens)
-        self.length = self.length.masked_fill(take, length)
-        self.top = torch.cat([self.top, offered], dim=1).topk(self.top.size(1), dim=1).values
-        self.count = self.count + valid.sum(dim=1)
+        self.best.copy_(torch.where(take, best, self.best))
+        self.tokens.copy_(torch.where(take.unsqueeze(1), tokens.index_select(0, row), self.tokens))
+        self.length.masked_fill_(take, length)
+        self.top.copy_(torch.cat([self.top, offered], dim=1).topk(self.top.size(1), dim=1).values)
+        self.count.add_(valid.sum(dim=1))
 
     def settle(self, live: Tensor, out_of_length: Tensor, best_alive: Tensor) -> None:
         """Mark done the live sentences out of length, and those whose K-th best finished score no live hypothesis
         can beat: its log P only falls, and lp grows to lp(max_len) at most (the tensor2tensor bound)."""
         unbeatable = self.count.ge(self.top.size(1)) & self.top[:, -1].ge(best_alive.double() / self.bound)
-        self.done = self.done | (live & (out_of_length | unbeatable))
+        self.done.logical_or_(live & (out_of_length | unbeatable))
 
     def results(self) -> list[list[int]]:
         """Each sentence's best hypothesis, read back (the search's last read)."""

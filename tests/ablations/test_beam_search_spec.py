@@ -241,5 +241,6 @@ def test_a_sentence_whose_only_finished_hypotheses_have_no_chance_returns_the_fi
     finished = decoding.Finished.empty(1, 2, 3, [3], 0.6, torch.device("cpu"))
     tokens = torch.tensor([[BOS, A, B, PAD], [BOS, B, B, PAD]])
     no_chance = torch.full((1, 2), float("-inf"))
-    finished.offer(no_chance, torch.ones(1, 2, dtype=torch.bool), tokens, torch.tensor([[1, 0]]), t=2, length=2)
+    step = torch.tensor(2)
+    finished.offer(no_chance, torch.ones(1, 2, dtype=torch.bool), tokens, torch.tensor([[1, 0]]), t=step, length=step)
     assert finished.results() == [[B, B]]  # as max() over [(-inf, [B, B]), (-inf, [A, B])] takes it

@@ -71,30 +71,20 @@ def test_a_search_at_fixed_shapes_with_the_memory_per_beam_finds_the_host_search
     assert len(fixed_on_the_cpu) == 1
 
 
-def captured_as_a_graph_is(fixed: list[KVCache], replays: list[int]):
-    """`ablations.scoring.graphs.captured` on the CPU, with a CUDA graph's semantics: the step is taken, then traced
-    to torch operators (make_fx) with everything Python decided while tracing frozen into the trace, as a capture
-    freezes it, and the tensors it reads and writes (the cache's, the position) held by reference; each replay runs
-    the trace on the captured inputs. Tracing runs the step, so the cache is put back as it was after it."""
+def captured_as_a_graph_is(replays: list[int]):
+    """`ablations.scoring.graphs.captured` on the CPU, with a CUDA graph's semantics: the step traced to torch
+    operators (make_fx), everything Python decided while tracing frozen into the trace, as a capture freezes it, and
+    the tensors the step reads and writes (the search's state, the cache's, the position) held by reference; each
+    replay runs the trace. Tracing takes the step once, as the real capture's warm-up does."""
 
-    def captured(step, tokens, rows):
-        inputs = (tokens.clone(), rows.clone())
-        logits = step(*inputs)
-        cache = fixed[-1]
-        before = ({name: [x.clone() for x in pair] for name, pair in cache.kv.items()}, cache.length)
-        trace = make_fx(step)(*inputs)
-        for name, pair in cache.kv.items():
-            for x, saved in zip(pair, before[0][name]):
-                x.copy_(saved)
-        cache.length = before[1]
+    def captured(step):
+        trace = make_fx(step)()
 
-        def replay(tokens, rows):
-            replays.append(tokens.size(0))
-            for into, value in zip(inputs, (tokens, rows)):
-                into.copy_(value)
-            return trace(*inputs)
+        def replay():
+            replays.append(1)
+            trace()
 
-        return logits, replay
+        return replay
 
     return captured
 
@@ -102,12 +92,12 @@ def captured_as_a_graph_is(fixed: list[KVCache], replays: list[int]):
 def test_steps_replayed_from_a_capture_of_the_second_find_the_host_searchs_hypotheses(monkeypatch, fixed_on_the_cpu):
     attention_as_on_a_gpu(monkeypatch)  # the GPU's attention: the CPU kernels are not torch operators a trace can hold
     replays: list[int] = []
-    monkeypatch.setattr(decoding, "captured", captured_as_a_graph_is(fixed_on_the_cpu, replays))
+    monkeypatch.setattr(decoding, "captured", captured_as_a_graph_is(replays))
     monkeypatch.setattr(decoding, "graphs_apply", lambda device: True)
     model, (src, src_pad) = tiny(2), sources([8, 5, 7], seed=6)
     expected = host_beam_search(model, src, src_pad, beam=4, extra_len=8)
     assert same(device_beam_search(model, src, src_pad, beam=4, extra_len=8), expected)
-    assert len(replays) > 3 and set(replays) == {3 * 4}
+    assert len(replays) > 3
 
 
 def test_a_check_mutant_decodes_at_fixed_shapes_only_where_that_finds_what_the_search_finds_without(monkeypatch):
