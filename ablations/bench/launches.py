@@ -80,7 +80,7 @@ def replayed_as_one(counted: Launches) -> Callable:
     """`ablations.scoring.graphs.captured` as the CPU can take it: the step taken, then each replay's step run
     uncounted and counted as the one launch of a graph's replay."""
 
-    def captured(step: Callable[[], None]) -> Callable[[], None]:
+    def captured(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
         step()
 
         def replay() -> None:

@@ -103,7 +103,7 @@ def beam_search(
         if replay is not None:
             replay()
         elif fixed and t == 2 and steps > 2 and graphs_apply(device):  # the first step fills the memory's keys, values
-            replay = captured(lambda: take_step(None))
+            replay = captured(lambda: take_step(None), device)
         else:
             take_step(t)
         if t % DONE_CHECK_EVERY == 0 and bool(finished.done.all()):

@@ -25,15 +25,15 @@ class Replay:
         self.graph.replay()
 
 
-def captured(step: Callable[[], None]) -> Replay | None:
-    """Take this step for real on a side stream (which also warms up what capturing needs), then capture it; returns
-    the replay of the captured step, which takes the steps after it. A capture that fails leaves the step taken, with a
-    warning, and no replay: the search goes on without a graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
+def captured(step: Callable[[], None], device: torch.device) -> Replay | None:
+    """Take this step for real on a side stream of `device` (which also warms up what capturing needs), then capture
+    it; returns the replay of the captured step, which takes the steps after it. A capture that fails leaves the step
+    taken, with a warning, and no replay: the search goes on without a graph."""
+    side, main = torch.cuda.Stream(device), torch.cuda.current_stream(device)
+    side.wait_stream(main)
     with torch.cuda.stream(side):
         step()
-    torch.cuda.current_stream().wait_stream(side)
+    main.wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):

@@ -77,7 +77,7 @@ def captured_as_a_graph_is(replays: list[int]):
     the tensors the step reads and writes (the search's state, the cache's, the position) held by reference; each
     replay runs the trace. Tracing takes the step once, as the real capture's warm-up does."""
 
-    def captured(step):
+    def captured(step, device):
         trace = make_fx(step)()
 
         def replay():
