@@ -210,7 +210,7 @@ class Finished:
         row = rows.gather(1, first.unsqueeze(1)).squeeze(1)
         self.best.copy_(torch.where(take, best, self.best))
         self.tokens.copy_(torch.where(take.unsqueeze(1), tokens.index_select(0, row), self.tokens))
-        self.length.masked_fill_(take, length)
+        self.length.copy_(torch.where(take, length, self.length))  # masked_fill_ would read a tensor value back
         self.top.copy_(torch.cat([self.top, offered], dim=1).topk(self.top.size(1), dim=1).values)
         self.count.add_(valid.sum(dim=1))
 
