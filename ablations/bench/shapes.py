@@ -32,7 +32,15 @@ from ablations.data.batching import BatchStream, round_up
 from ablations.data.corpora import data_dir
 from ablations.grid.runner import describe_device, prepare_data
 from ablations.bench.launches import on_a_gpu
-from ablations.runs.budgets import BF16_WEIGHTS, BUDGETS, budget, row_config, select_rows, step_autocast
+from ablations.runs.budgets import (
+    BF16_WEIGHTS,
+    BUDGETS,
+    budget,
+    precision_on,
+    row_config,
+    select_rows,
+    step_autocast,
+)
 from ablations.runs.options import failed
 from ablations.training.backends import sdpa_backend
 from ablations.training.compiling import compile_model, compiles
@@ -155,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         stream = BatchStream(data.train_src, data.train_tgt, micro, seed=1, pad_multiple=m, pack=pack)
         batches[m, pack] = [stream.next() for _ in range(args.steps)]
     config = row_config(select_rows("base")[0], b, data.sp.get_piece_size())
-    precision = b.precision if device.type == "cuda" else "fp32"
+    precision = precision_on(b, device)
     with sdpa_backend(b.sdpa_backend if device.type == "cuda" else "default"):  # the budget's kernel, as a run's
         few = {key: bs[: args.time] for key, bs in batches.items()}
         timed = step_times(few, config, device, precision) if args.time else {}

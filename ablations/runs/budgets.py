@@ -275,6 +275,11 @@ class TrainSettings:
         return {k: v for k, v in asdict(self).items() if k not in unset or unset[k] != v}
 
 
+def precision_on(b: Budget, device: torch.device) -> str:
+    """A run's precision: the budget's if it names one, else bf16 weights on a GPU and fp32 on the CPU."""
+    return b.precision or (BF16_WEIGHTS if device.type == "cuda" else "fp32")
+
+
 def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: int | None = None) -> TrainSettings:
     """The row's training and scoring settings under the budget: compilation and packing on a GPU only; the budget's
     precision if it names one, else bf16 weights on a GPU and fp32 on the CPU."""
@@ -289,7 +294,7 @@ def settings_for(row: Table3Row, b: Budget, device: torch.device, accumulation: 
         log_every=b.log_every,
         eval_every=b.eval_every,
         checkpoint_every=b.checkpoint_every,
-        precision=b.precision or (BF16_WEIGHTS if gpu else "fp32"),
+        precision=precision_on(b, device),
         compile=b.compile and gpu,
         pad_multiple=b.pad_multiple,
         sdpa_backend=b.sdpa_backend if gpu else "default",
