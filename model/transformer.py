@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -213,11 +213,15 @@ class Transformer(nn.Module):
         mask: on a GPU, where it is faster. Exact where it matters: a real query's earlier keys are all real, and a
         padding query's output reaches neither a real position nor the loss (its label is padding). Not in a model
         whose causal mask, attention function or attention module a check replaced."""
+        return causal_kernel_applies(x) and self._attention_as_written(layer.self_attn for layer in self.decoder)
+
+    def _attention_as_written(self, modules: Iterable[nn.Module]) -> bool:
+        """Whether the causal mask, the attention function and these attention modules are the reference's: no check
+        replaced them (a mutant), so that a faster path that bypasses them computes what they would."""
         return (
-            causal_kernel_applies(x)
-            and self.parts.causal_mask is causal_mask
+            self.parts.causal_mask is causal_mask
             and self.parts.attend is attend
-            and all(type(layer.self_attn) is MultiHeadAttention for layer in self.decoder)
+            and all(type(m) is MultiHeadAttention for m in modules)
         )
 
     @property
@@ -235,14 +239,8 @@ class Transformer(nn.Module):
         """Whether beam search may decode this model with a fixed-shape cache (`KVCache.fix_shapes`) and replay its
         steps as a CUDA graph: the reference as written, not a subclass or a check's mutant that replaces the
         decoding, the positional encoding, the causal mask, attention or its modules, which take no device position."""
-        return (
-            self.takes_segments
-            and self.parts.causal_mask is causal_mask
-            and self.parts.attend is attend
-            and all(
-                type(layer.self_attn) is MultiHeadAttention and type(layer.cross_attn) is MultiHeadAttention
-                for layer in self.decoder
-            )
+        return self.takes_segments and self._attention_as_written(
+            m for layer in self.decoder for m in (layer.self_attn, layer.cross_attn)
         )
 
     def loss_is_chunked(self) -> bool:
