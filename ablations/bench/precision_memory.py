@@ -18,7 +18,7 @@ import sys
 import torch
 
 from ablations.bench.launches import on_a_gpu
-from ablations.runs.budgets import PRECISIONS, step_autocast
+from ablations.runs.budgets import BF16_WEIGHTS, PRECISIONS, step_autocast
 from ablations.runs.options import failed
 from model import Transformer, TransformerConfig
 from model.batch import Batch
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|---:|---:|---:|")
     losses = {}
     for precision in PRECISIONS:
-        trained = working_copy(model) if precision == "bf16-weights" else model
+        trained = working_copy(model) if precision == BF16_WEIGHTS else model
         with on_a_gpu(stacked=False, causal=False):  # torch's fused attention, as on a GPU
             by_kind, losses[precision] = saved_bytes(trained, batch, precision)
         mb = " | ".join(f"{by_kind.get(kind, 0) / 1e6:.1f}" for kind in kinds)

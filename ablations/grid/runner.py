@@ -28,10 +28,10 @@ from ablations.runs.options import RunOptions
 from ablations.runs.outcomes import outcome_line
 from ablations.scoring.evaluate import dev_bleu, perplexity
 from ablations.training.backends import sdpa_backend
+from ablations.training.checkpoints import TrainState
 from ablations.training.distributed import SINGLE, Ranks, backend, from_main
 from ablations.training.peaks import peak
 from ablations.training.throughput import gemm_flops, throughput
-from ablations.training.checkpoints import TrainState
 from ablations.training.train import Diverged, train
 from model import ModelSpec, count_parameters, load_model
 from model.params import training_flops
